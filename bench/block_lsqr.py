@@ -10,10 +10,10 @@ the fixed cost of a call (packing, the copy, the launches and the copy back);
 the same per iteration for SciPy's own ``lsqr``, our host loop
 (:mod:`scipy_gpuqr._iterative.host`) and the CuPy path (A already on the device);
 and beside each the cost model's nominal value
-(:func:`~scipy_gpuqr._dispatch.iterate_first.block_iteration_seconds`,
-:func:`~scipy_gpuqr._dispatch.iterate_first.block_start_seconds`,
-:func:`~scipy_gpuqr._dispatch.iterate_first.host_iteration_seconds`,
-:func:`~scipy_gpuqr._dispatch.iterate_first.gpu_iteration_seconds`). The runs
+(:func:`~scipy_gpuqr._dispatch.placement.block_iteration_seconds`,
+:func:`~scipy_gpuqr._dispatch.placement.block_start_seconds`,
+:func:`~scipy_gpuqr._dispatch.placement.host_iteration_seconds`,
+:func:`~scipy_gpuqr._dispatch.placement.gpu_iteration_seconds`). The runs
 ignore the tolerances (``atol = btol = conlim = 0``) so they make the iterations
 asked for unless the machine-precision tests stop them first (the iteration
 counts actually run are used). Medians of ``--reps`` calls after a warm-up.
@@ -36,7 +36,7 @@ import scipy.sparse.linalg as spla
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scipy_gpuqr._dispatch import iterate_first as model  # noqa: E402
+from scipy_gpuqr._dispatch import placement as model  # noqa: E402
 from scipy_gpuqr._gpu import import_cupy  # noqa: E402
 from scipy_gpuqr._iterative import lsqr  # noqa: E402
 from scipy_gpuqr._iterative.block import block_lsqr, block_threads  # noqa: E402

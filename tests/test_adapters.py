@@ -407,11 +407,12 @@ def test_iterate_first_allowance_follows_predicted_factorization_time(rng, monke
     """Once analysed, the iterations may spend ALLOWANCE_SHARE of the predicted
     factorization time, no more."""
     from scipy_gpuqr._dispatch import iterate_first as _iterate_first
+    from scipy_gpuqr._dispatch import rank_cost
     A = _well(rng, 300, 120)
     b = rng.standard_normal(300)
     monkeypatch.setattr(_iterate_first, "ANALYSIS_DEFERRAL", 0.0)    # analyse at once
     monkeypatch.setattr(_iterate_first, "CHECK_INTERVAL_S", 0.0)     # a checkpoint soon
-    monkeypatch.setattr(_iterate_first, "RANK_S_PER_CUBE", 0.0)      # the QR costs nothing
+    monkeypatch.setattr(rank_cost, "RANK_S_PER_CUBE", 0.0)          # the QR costs nothing
     monkeypatch.setattr(_iterate_first, "predicted_seconds", lambda *a, **k: 0.0)
     assert lsqr(A, b)[2] == 0                       # no allowance: the QR answers
     monkeypatch.setattr(_iterate_first, "predicted_seconds", lambda *a, **k: 1e3)

@@ -23,7 +23,7 @@ import scipy_gpuqr
 from conftest import REPO
 from test_iterative import CASES, GPU_CASES, _kwargs
 from scipy_gpuqr._cli.solve_report import captured_decisions
-from scipy_gpuqr._dispatch import iterate_first
+from scipy_gpuqr._dispatch import placement
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._iterative import block
 from scipy_gpuqr._iterative import IterationState
@@ -100,26 +100,26 @@ def test_threads_and_suitability():
 def test_block_rule(monkeypatch):
     """The block is chosen from BLOCK_MIN_NNZ entries where its iteration beats the host
     loop's and a margin of the CuPy path's; dense lines count against it."""
-    monkeypatch.setattr(iterate_first, "gpu_available", lambda: True)
+    monkeypatch.setattr(placement, "gpu_available", lambda: True)
     grid24 = (27648, 13824, 107136)
-    start, per = iterate_first.iterate_in_block(*grid24, on_gpu=False, longest=lambda: 14)
-    assert start == iterate_first.block_start_seconds(*grid24)
-    assert per == iterate_first.block_iteration_seconds(*grid24, 14)
-    assert iterate_first.iterate_in_block(*grid24, on_gpu=True) is None
-    assert iterate_first.iterate_in_block(24, 24, 81, on_gpu=False) is None     # too small
+    start, per = placement.iterate_in_block(*grid24, on_gpu=False, longest=lambda: 14)
+    assert start == placement.block_start_seconds(*grid24)
+    assert per == placement.block_iteration_seconds(*grid24, 14)
+    assert placement.iterate_in_block(*grid24, on_gpu=True) is None
+    assert placement.iterate_in_block(24, 24, 81, on_gpu=False) is None     # too small
     grid40 = (128000, 64000, 502400)                    # a nominal tie with the CuPy path
-    assert iterate_first.iterate_in_block(*grid40, on_gpu=False) is None
+    assert placement.iterate_in_block(*grid40, on_gpu=False) is None
     # rajat01, lines of 1442 entries: twice a block iteration above the host loop's
     # (98 µs on an H200's host), so HostFirst never moves the run
-    _, per = iterate_first.iterate_in_block(6833, 6833, 43250, on_gpu=False,
+    _, per = placement.iterate_in_block(6833, 6833, 43250, on_gpu=False,
                                             longest=lambda: 2884)
     assert 2 * per > 98e-6
     asked = []
-    assert iterate_first.iterate_in_block(24, 24, 81, on_gpu=False,
+    assert placement.iterate_in_block(24, 24, 81, on_gpu=False,
                                           longest=lambda: asked.append(1) or 0) is None
     assert asked == []                                  # not asked where cheap tests decide
-    monkeypatch.setattr(iterate_first, "gpu_available", lambda: False)
-    assert iterate_first.iterate_in_block(*grid24, on_gpu=False) is None
+    monkeypatch.setattr(placement, "gpu_available", lambda: False)
+    assert placement.iterate_in_block(*grid24, on_gpu=False) is None
 
 
 def test_longest_lines():
@@ -150,15 +150,15 @@ def test_host_first_charges_the_block_iterations_once():
             return float("inf")
 
     watch = Watch()
-    move = iterate_first.HostFirst(1e-3, watch, per_iteration=1e-5)
+    move = placement.HostFirst(1e-3, watch, per_iteration=1e-5)
     assert not move(state(1, 5e-4))                 # the call's start is not counted
     assert not move(state(11, 5e-4 + 1.05e-3)) and not move.moved
     assert move.quiet_until() == 5e-4 + 11 * 1e-5 + 1e-3
     assert move(state(12, 5e-4 + 1.15e-3)) and move.moved and move.seconds == 5e-4 + 1.15e-3
     assert watch.seen == [1, 11] and move.last.itn == 12
-    slow = iterate_first.HostFirst(1e-3, per_iteration=1e-5)
+    slow = placement.HostFirst(1e-3, per_iteration=1e-5)
     assert not any(slow(state(k, 1e-3 + 1e-5 * k)) for k in range(1, 10000))
-    plain = iterate_first.HostFirst(1e-3)
+    plain = placement.HostFirst(1e-3)
     assert plain(state(1, 1e-3))
 
 
@@ -167,7 +167,7 @@ def test_block_rent_keeps_a_move_within_the_bound():
     MOVE_BOUND of SciPy's (host iterations HOST_LOOP_SPEEDUP times cheaper than SciPy's),
     whatever the block's start; a long run still moves, rent times later than plain ski
     rental."""
-    f = iterate_first
+    f = placement
     assert f.BLOCK_RENT == pytest.approx(1 / (f.MOVE_BOUND * f.HOST_LOOP_SPEEDUP - 1))
 
     def state(itn, seconds):

@@ -27,7 +27,7 @@ import scipy_gpuqr
 from _block_emulator import BlockEmulator
 from conftest import REPO
 from scipy_gpuqr._cli.solve_report import captured_decisions
-from scipy_gpuqr._dispatch import iterate_first
+from scipy_gpuqr._dispatch import iterate_first, placement
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._iterative import block, native
 from scipy_gpuqr._iterative.block import (LSMR_STATE, LSQR_STATE, VECTORS, BlockProblem,
@@ -223,7 +223,7 @@ def test_resumed_run_stops_and_projects_as_one_run():
     assert res.projected_iterations is not None     # six tests: three from the host
 
 
-class _MoveAt(iterate_first.HostFirst):
+class _MoveAt(placement.HostFirst):
     """HostFirst that moves the run at iteration ``AT`` (whatever the seconds)."""
 
     AT = 1

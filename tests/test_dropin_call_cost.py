@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from scipy_gpuqr import lsmr, lsqr
 from scipy_gpuqr._api.originals import original
-from scipy_gpuqr._dispatch import iterate_first as policy
+from scipy_gpuqr._dispatch import placement
 from scipy_gpuqr._factor import quick_iterate as quick
 from scipy_gpuqr._factor.least_squares import StoppingRules
 
@@ -72,7 +72,7 @@ def test_no_gpu_no_longest_lines(method, spies, monkeypatch):
     monkeypatch.setattr(quick, "gpu_available", lambda: spies.__setitem__(
         "gpu", spies["gpu"] + 1) or False)
     A, b = _problem(4000, 2000, 0.004, seed=5)
-    assert A.nnz >= policy.BLOCK_MIN_NNZ
+    assert A.nnz >= placement.BLOCK_MIN_NNZ
     run = quick.quick_iterate(method, A, b, None, 0.0, _rules(), None, None)
     assert run is not None and run.found is not None
     _bits(run.found.result, SCIPY[method](A, b))
@@ -84,7 +84,7 @@ def test_a_gpu_counts_the_longest_lines(spies, monkeypatch):
     """Where a GPU answers and the block's cheap tests pass, the rule reads A's longest
     lines (the block's chain of one thread per line), once."""
     monkeypatch.setattr(quick, "gpu_available", lambda: True)
-    monkeypatch.setattr(policy, "gpu_available", lambda: True)
+    monkeypatch.setattr(placement, "gpu_available", lambda: True)
     seen = []
 
     def block(m, n, nnz, *, on_gpu, longest):
@@ -134,7 +134,7 @@ def test_the_log_says_where_the_run_ran(caplog):
     A, b = _problem(60, 40, 0.1, seed=9)
     lsqr(A, b)
     text = [r.getMessage() for r in caplog.records if r.name == "scipy_gpuqr"][-1]
-    cpu_s = policy.cpu_iteration_seconds(60, 40, A.nnz)
+    cpu_s = placement.cpu_iteration_seconds(60, 40, A.nnz)
     assert f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one" in text, text
     assert "LSQR on CPU answered" in text
 

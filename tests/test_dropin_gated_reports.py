@@ -23,7 +23,8 @@ from conftest import TEST_MATRICES
 from scipy_gpuqr import lsmr, lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch.iterate_first import BLOCK_RENT, Allowance, HostFirst
+from scipy_gpuqr._dispatch.iterate_first import Allowance
+from scipy_gpuqr._dispatch.placement import BLOCK_RENT, HostFirst
 from scipy_gpuqr._iterative import native
 from scipy_gpuqr._iterative._common import IterationState
 from scipy_gpuqr.io import mmread

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 import test_dropin_rule as rule
-from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch.iterate_first import rank_decision_seconds
+from scipy_gpuqr._dispatch import rank_cost
+from scipy_gpuqr._dispatch.rank_cost import rank_decision_seconds
 
 
 class _GpuPlan(rule._Plan):
@@ -31,14 +31,14 @@ def gpu_plans(monkeypatch):
 def test_a_gpu_rank_decision_is_costed_on_the_device():
     # rajat01's order: the dense COD on the device, not the host's cube
     assert rank_decision_seconds(6833, 0.01, device="gpu") == \
-        pytest.approx(policy.RANK_GPU_S_PER_CUBE * 6833.0 ** 3)
+        pytest.approx(rank_cost.RANK_GPU_S_PER_CUBE * 6833.0 ** 3)
     assert 0.2 < rank_decision_seconds(6833, 0.01, device="gpu") < 1.0
     assert rank_decision_seconds(6833, 0.01) > 50.0
     # up to lstsq's DENSE_LIMIT: the device's SVD, bound by latency (q²)
     assert rank_decision_seconds(1374, 0.01, device="gpu") == \
-        pytest.approx(policy.RANK_GPU_S_PER_SQUARE * 1374.0 ** 2)
+        pytest.approx(rank_cost.RANK_GPU_S_PER_SQUARE * 1374.0 ** 2)
     # beyond RANK_DENSE_LIMIT the host's rule stands: one more factorization
-    big = policy.RANK_DENSE_LIMIT + 1
+    big = rank_cost.RANK_DENSE_LIMIT + 1
     assert rank_decision_seconds(big, 0.5, device="gpu") == 0.5
 
 
@@ -48,7 +48,7 @@ def test_rajat01_on_a_gpu_plan_is_stopped_early(histories, nominal, gpu_plans, m
     GPU R (64 s, R's entries unknown) in none."""
     stops = rule.stops_over_clock_models(histories, "rajat01.lsqr")
     assert all(s is not None and s <= 400 for s in stops), stops
-    monkeypatch.setattr(policy, "RANK_GPU_S_PER_CUBE", policy.RANK_S_PER_CUBE)
+    monkeypatch.setattr(rank_cost, "RANK_GPU_S_PER_CUBE", rank_cost.RANK_S_PER_CUBE)
     assert rule.stops_over_clock_models(histories, "rajat01.lsqr") == \
         [None] * len(rule.CLOCK_MODELS)
 

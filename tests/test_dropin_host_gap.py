@@ -28,7 +28,9 @@ from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch.iterate_first import Allowance, host_sparse_rank_seconds
+from scipy_gpuqr._dispatch import rank_cost
+from scipy_gpuqr._dispatch.iterate_first import Allowance
+from scipy_gpuqr._dispatch.rank_cost import host_sparse_rank_seconds
 from scipy_gpuqr._factor import lstsq as lstsq_module
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.lstsq import KnownNorms, MinNormSolver
@@ -79,9 +81,9 @@ def test_a_split_on_a_host_without_a_gpu_stops_at_the_lu(histories, nominal, per
     is its own) it goes on to SciPy's stop, as before."""
     stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), per=per)
     assert stop is not None and stop == watch.lu_at[0] and stop < 1000, (stop, watch.lu_at)
-    assert plans == 1 and watch.rank_host and watch.gap_predicted == 25
+    assert plans == 1 and watch.route.rank_host and watch.route.gap_predicted == 25
     assert watch.rank_s == pytest.approx(host_sparse_rank_seconds(ADDER_R_ENTRIES))
-    assert watch.rank_s < 0.1 * policy.RANK_S_PER_CUBE * 1813.0 ** 3
+    assert watch.rank_s < 0.1 * rank_cost.RANK_S_PER_CUBE * 1813.0 ** 3
     assert "gap-checked COD on the host" in watch.reason, watch.reason
     assert "gap-checked COD on the host predicted" in watch.summary()
     for kwargs in (dict(), dict(hides=True), dict(revealed=25, singular=True)):
@@ -89,7 +91,7 @@ def test_a_split_on_a_host_without_a_gpu_stops_at_the_lu(histories, nominal, per
                                      per=per)
         old = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(**kwargs), dense_gpu=None,
                       per=per)
-        assert (stop, plans) == (old[0], old[2]) and stop is None and not watch.rank_host
+        assert (stop, plans) == (old[0], old[2]) and stop is None and not watch.route.rank_host
 
 
 def test_without_the_compiled_sweeps_nothing_is_predicted(histories, nominal):
@@ -98,7 +100,7 @@ def test_without_the_compiled_sweeps_nothing_is_predicted(histories, nominal):
     run goes on to SciPy's stop; without ``host_sweeps`` U's pivots are not even read."""
     square = SquareStandIn(25)
     stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", square, sweeps=False)
-    assert stop is None and plans == 0 and square.asked == 1 and not watch.rank_host
+    assert stop is None and plans == 0 and square.asked == 1 and not watch.route.rank_host
     assert "compiled sweeps not at hand" in watch.summary(), watch.summary()
     square = SquareStandIn(25)
     stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", square, sweeps=None)
@@ -113,7 +115,7 @@ def test_the_plan_drops_the_host_prediction(histories, nominal, plan, why):
     says why, and the run goes on to SciPy's stop (the rank decision's cube keeps it)."""
     stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), plan=plan)
     assert stop is None and plans == 1
-    assert not watch.rank_host and watch.gap_predicted == 0
+    assert not watch.route.rank_host and watch.route.gap_predicted == 0
     assert why in watch.summary(), watch.summary()
 
 
@@ -124,8 +126,8 @@ def test_a_gpu_host_keeps_its_own_prediction(histories, nominal):
     plan.gpu_name = "a GPU"
     stop, watch, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), dense_gpu=True,
                              plan=plan)
-    assert stop == watch.lu_at[0] and not watch.rank_host
-    assert watch.rank_s == pytest.approx(policy.gap_check_seconds(1813))
+    assert stop == watch.lu_at[0] and not watch.route.rank_host
+    assert watch.rank_s == pytest.approx(rank_cost.gap_check_seconds(1813))
 
 
 #: The shared square matrices' SuperLU outcomes (``SquareLU``: of full rank, or deficient

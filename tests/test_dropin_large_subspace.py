@@ -31,8 +31,10 @@ from scipy_gpuqr._api import square_lu as square_lu_module
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._api.square_lu import SquareLU
 from scipy_gpuqr._dispatch import iterate_first as policy
+from scipy_gpuqr._dispatch import lu_route, rank_cost
 from scipy_gpuqr._dispatch import plan as plan_module
-from scipy_gpuqr._dispatch.iterate_first import Allowance, subspace_seconds
+from scipy_gpuqr._dispatch.iterate_first import Allowance
+from scipy_gpuqr._dispatch.rank_cost import subspace_seconds
 from scipy_gpuqr._factor import lstsq as lstsq_module
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr.io import mmread
@@ -91,14 +93,14 @@ def test_bayer10_on_a_gpu_host_stops_at_the_lu(histories, nominal, per):
                                                    per=per)
     assert stop is not None and stop == watch.lu_at[0] and stop < 1000, (stop, watch.lu_at)
     assert (plans, gpu_plans, asked) == (0, 1, [(13436, 73)])
-    assert watch.subspace_predicted and watch.large_under == 73
+    assert watch.route.subspace_predicted and watch.route.large_under == 73
     assert watch.rank_s == pytest.approx(subspace_seconds(13436))
     assert "R beyond lstsq's DENSE_LIMIT" in watch.reason, watch.reason
     assert "R's small singular subspace on the GPU predicted" in watch.summary()
     stop, watch, plans, gpu_plans, asked = _replay(histories, "bayer10.lsqr",
                                                    square=SquareStandIn(under=73), takes=None,
                                                    per=per)
-    assert stop is None and gpu_plans == 0 and not watch.subspace_predicted
+    assert stop is None and gpu_plans == 0 and not watch.route.subspace_predicted
 
 
 @pytest.mark.parametrize("case", ["singular", "no room", "no gpu", "no dense gpu"])
@@ -111,8 +113,8 @@ def test_bayer10_keeps_scipys_run_where_the_prediction_cannot_hold(histories, no
               "no gpu": dict(square=SquareStandIn(under=73), dense_gpu=False),
               "no dense gpu": dict(square=SquareStandIn(under=73), dense_gpu=None)}[case]
     stop, watch, plans, gpu_plans, asked = _replay(histories, "bayer10.lsqr", **kwargs)
-    assert stop is None and gpu_plans == 0 and not watch.subspace_predicted, case
-    assert watch.large_under == -1
+    assert stop is None and gpu_plans == 0 and not watch.route.subspace_predicted, case
+    assert watch.route.large_under == -1
     if case in ("singular", "no gpu", "no dense gpu"):
         assert asked == [] and kwargs["square"].counted == 0
 
@@ -129,10 +131,10 @@ def test_without_plan_gpu_the_cpu_plan_keeps_or_drops_the_prediction(histories, 
                       square=SquareStandIn(under=73), nnz=94926, dense_gpu=lambda: True,
                       device_subspace=lambda order, under: True)
     watch._lu(600, 0.08)
-    assert watch.subspace_predicted
+    assert watch.route.subspace_predicted
     watch._analyse(600, 0.08)
-    watch._keep_prediction()
-    assert not watch.subspace_predicted and "saw no GPU" in watch.summary()
+    watch.route.keep(watch.planned, watch.rank_device, watch.r_entries)
+    assert not watch.route.subspace_predicted and "saw no GPU" in watch.summary()
 
 
 def test_no_other_recorded_run_moves(histories, nominal):
@@ -152,7 +154,7 @@ def test_no_other_recorded_run_moves(histories, nominal):
             if (old[0], old[2] + old[3]) != (new[0], new[2] + new[3]):
                 moved.add(key)
             m, n = (int(v) for v in histories[key + ".meta"][:2])
-            if min(m, n) <= policy.RANK_SPARSE_MIN_ORDER:
+            if min(m, n) <= rank_cost.RANK_SPARSE_MIN_ORDER:
                 assert new[4] == [], key
     assert moved == {"bayer10.lsqr"}
 
@@ -171,12 +173,12 @@ def test_the_rajat01_recording_is_not_asked(histories, nominal):
 def test_the_subspace_model_beyond_dense_limit():
     """Up to DENSE_LIMIT the latency-bound model (nnc1374); beyond, the block solves' model,
     never below the value at DENSE_LIMIT: bayer10 about 0.29 s (measured 0.28 s)."""
-    at = subspace_seconds(policy.RANK_SPARSE_MIN_ORDER)
-    assert at == pytest.approx(policy.SUBSPACE_GPU_S_PER_SQUARE * 2500.0 ** 2)
-    assert subspace_seconds(1374) == pytest.approx(policy.SUBSPACE_GPU_S_PER_SQUARE * 1374 ** 2)
-    assert subspace_seconds(policy.RANK_SPARSE_MIN_ORDER + 1) == pytest.approx(at)
+    at = subspace_seconds(rank_cost.RANK_SPARSE_MIN_ORDER)
+    assert at == pytest.approx(rank_cost.SUBSPACE_GPU_S_PER_SQUARE * 2500.0 ** 2)
+    assert subspace_seconds(1374) == pytest.approx(rank_cost.SUBSPACE_GPU_S_PER_SQUARE * 1374 ** 2)
+    assert subspace_seconds(rank_cost.RANK_SPARSE_MIN_ORDER + 1) == pytest.approx(at)
     assert subspace_seconds(13436) == pytest.approx(0.289, rel=0.01)
-    assert subspace_seconds(13436) < policy.rank_decision_seconds(13436, 0.06, 4.92e5)
+    assert subspace_seconds(13436) < rank_cost.rank_decision_seconds(13436, 0.06, 4.92e5)
 
 
 class _Avail:
@@ -285,7 +287,7 @@ def test_bayer10_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir, mo
     b = np.random.default_rng([20261126, zlib.crc32(b"bayer10")]).standard_normal(A.shape[0])
     out = lsqr(A, b)
     assert out[2] == 0, decisions()
-    assert asked == [(13436, 73)] and reasons == [policy.SUBSPACE_GPU_PLAN_REASON]
+    assert asked == [(13436, 73)] and reasons == [lu_route.SUBSPACE_GPU_PLAN_REASON]
     line = [m for m in decisions() if m.startswith("lsqr ")][-1]
     # the prediction, whichever verdict stopped the run (on a loaded host, where iterations
     # are slow, the projected cost may stop it before the predicted route's verdict)

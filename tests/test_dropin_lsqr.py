@@ -26,7 +26,9 @@ import scipy.sparse.linalg as sla
 from scipy_gpuqr import GpuqrOptions, lsmr, lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch.iterate_first import Allowance, iterate_on_gpu, zero_tolerances
+from scipy_gpuqr._dispatch import placement
+from scipy_gpuqr._dispatch.iterate_first import Allowance, zero_tolerances
+from scipy_gpuqr._dispatch.placement import iterate_on_gpu
 from scipy_gpuqr.io import mmread
 
 EPS = np.finfo(np.float64).eps
@@ -540,13 +542,13 @@ def test_zero_tolerances_rule():
 
 
 def test_where_the_iterations_run(monkeypatch):
-    monkeypatch.setattr(policy, "gpu_available", lambda: True)
+    monkeypatch.setattr(placement, "gpu_available", lambda: True)
     assert not iterate_on_gpu(300, 100, 1500, on_gpu=False)[0]          # small: CPU
     assert iterate_on_gpu(300, 100, 1500, on_gpu=True)[0]               # CuPy data: GPU
     assert iterate_on_gpu(10 ** 6, 10 ** 5, 10 ** 7, on_gpu=False)[0]   # large: GPU
-    cpu = policy.cpu_iteration_seconds(10 ** 6, 10 ** 5, 10 ** 7)
-    assert cpu > policy.gpu_iteration_seconds(10 ** 6, 10 ** 5, 10 ** 7)
-    monkeypatch.setattr(policy, "gpu_available", lambda: False)
+    cpu = placement.cpu_iteration_seconds(10 ** 6, 10 ** 5, 10 ** 7)
+    assert cpu > placement.gpu_iteration_seconds(10 ** 6, 10 ** 5, 10 ** 7)
+    monkeypatch.setattr(placement, "gpu_available", lambda: False)
     assert not iterate_on_gpu(10 ** 6, 10 ** 5, 10 ** 7, on_gpu=False)[0]
 
 

@@ -34,7 +34,9 @@ from scipy_gpuqr._api import square_lu as square_lu_module
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._api.square_lu import PIVOT_GAP, SquareLU
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch.iterate_first import Allowance, gap_check_seconds
+from scipy_gpuqr._dispatch import rank_cost
+from scipy_gpuqr._dispatch.iterate_first import Allowance
+from scipy_gpuqr._dispatch.rank_cost import gap_check_seconds
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.lstsq import lstsq_cutoff
 from scipy_gpuqr.io import mmread
@@ -198,7 +200,7 @@ def test_a_revealed_split_on_a_gpu_host_stops_at_the_lu(histories, nominal):
                         (SquareStandIn(25), None)):
         stop, watch, plans, asked = _replay(histories, "adder_dcop_05.lsqr", square, gpu)
         assert stop is None and plans == 0, (square.revealed, gpu, stop)
-        assert watch.lu_at is not None and watch.gap_predicted == 0
+        assert watch.lu_at is not None and watch.route.gap_predicted == 0
         assert square.asked == (1 if gpu else 0)
         assert asked == (0 if gpu is None else 1)
 
@@ -214,19 +216,19 @@ def test_a_hidden_deficiency_on_a_gpu_host_stops_at_the_lu(histories, nominal):
                                             True, plan=_Plan(backend))
         assert stop == watch.lu_at[0] and plans == 1 and asked == 1, (backend, stop)
         assert "U's pivots hide it" in watch.reason
-        assert watch.rank_s == pytest.approx(policy.subspace_seconds(1374))
+        assert watch.rank_s == pytest.approx(rank_cost.subspace_seconds(1374))
         assert "small singular subspace on the GPU predicted" in watch.summary()
     for gpu in (False, None):
         stop, watch, plans, _ = _replay(histories, "nnc1374.lsqr", SquareStandIn(0, hides=True),
                                         gpu)
-        assert stop is None and plans == 0 and not watch.subspace_predicted
+        assert stop is None and plans == 0 and not watch.route.subspace_predicted
 
 
 def test_a_hidden_deficiency_with_a_plan_that_saw_no_gpu_drops_the_prediction(histories,
                                                                                nominal):
     stop, watch, plans, _ = _replay(histories, "nnc1374.lsqr", SquareStandIn(0, hides=True), True,
                                     plan=_Plan("cpu", None))
-    assert stop is None and plans == 1 and not watch.subspace_predicted
+    assert stop is None and plans == 1 and not watch.route.subspace_predicted
     assert "saw no GPU" in watch.summary(), watch.summary()
 
 
@@ -239,7 +241,7 @@ def test_a_plan_without_the_gpus_sigma_test_drops_the_prediction(histories, nomi
     stop as with any deficient LU, and the log says why."""
     stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), True,
                                     plan=_Plan(backend, gpu_name))
-    assert stop is None and plans == 1 and watch.gap_predicted == 0
+    assert stop is None and plans == 1 and watch.route.gap_predicted == 0
     assert why in watch.summary(), watch.summary()
 
 
@@ -247,9 +249,9 @@ def test_the_runs_trend_promising_convergence_keeps_the_run(histories, nominal, 
     """A gap-checked COD predicted ten times dearer: the run's trend (about 400 more
     iterations at the LU) promises convergence within PREDICTED_SHARE of the QR, and the run
     goes on to SciPy's stop with the prediction standing."""
-    monkeypatch.setattr(policy, "GAP_GPU_S_PER_SQUARE", 10 * policy.GAP_GPU_S_PER_SQUARE)
+    monkeypatch.setattr(rank_cost, "GAP_GPU_S_PER_SQUARE", 10 * rank_cost.GAP_GPU_S_PER_SQUARE)
     stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), True)
-    assert stop is None and plans == 1 and watch.gap_predicted == 25
+    assert stop is None and plans == 1 and watch.route.gap_predicted == 25
 
 
 @pytest.mark.parametrize("square, order", [(SquareStandIn(25, clear=True), 1813),
@@ -264,7 +266,7 @@ def test_the_gpu_is_asked_only_where_a_split_could_count(square, order):
                       plan=lambda: (None, _Plan()), order=order, square=square, nnz=10_000,
                       dense_gpu=lambda: asked.append(1) or True)
     watch._lu(400, 0.01)
-    assert not asked and square.asked == 0 and watch.gap_predicted == 0
+    assert not asked and square.asked == 0 and watch.route.gap_predicted == 0
 
 
 def test_every_recorded_square_run_without_a_split_stops_where_it_did(histories, nominal):
@@ -285,7 +287,7 @@ def test_every_recorded_square_run_without_a_split_stops_where_it_did(histories,
 
 def test_the_orders_agree():
     from scipy_gpuqr._factor import lstsq
-    assert policy.GAP_GPU_MIN_ORDER == lstsq.SVD_GPU_MIN_ORDER
+    assert rank_cost.GAP_GPU_MIN_ORDER == lstsq.SVD_GPU_MIN_ORDER
     assert square_lu_module.REVEALED_MAX_FRACTION == lstsq.NULLSPACE_MAX_FRACTION
 
 

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 
 from conftest import TEST_MATRICES
 from scipy_gpuqr import lsqr
-from scipy_gpuqr._dispatch import iterate_first as policy
+from scipy_gpuqr._dispatch import rank_cost
 from scipy_gpuqr.io import mmread
 
 EPS = float(np.finfo(np.float64).eps)
@@ -38,7 +38,7 @@ def test_rajat01s_broken_promises_end_in_the_exact_answer(decisions, monkeypatch
     rajat01: 0.6-1.4e-6) so that the verdict's cost test (the iterations to iter_lim
     cost more than the QR) does not hang on this host's speed: it holds above about
     25 us an iteration."""
-    monkeypatch.setattr(policy, "RANK_S_PER_R_ENTRY", 1e-6)
+    monkeypatch.setattr(rank_cost, "RANK_S_PER_R_ENTRY", 1e-6)
     A = sp.csr_array(mmread(str(TEST_MATRICES / "rajat01.mtx"))).astype(np.float64)
     b = np.random.default_rng(0).standard_normal(A.shape[0])
     x, istop, itn = lsqr(A, b)[:3]

@@ -145,9 +145,9 @@ def test_environment_backend_takes_the_general_path(monkeypatch, decisions):
 # ---------------------------------------------------------------------------
 # host data on a machine with a GPU: the CPU first, the GPU after one upload (ski rental)
 
-from scipy_gpuqr._dispatch import iterate_first as policy   # noqa: E402
-from scipy_gpuqr._dispatch.iterate_first import (HostFirst, host_first_budget,  # noqa: E402
-                                                  upload_seconds)
+from scipy_gpuqr._dispatch import placement   # noqa: E402
+from scipy_gpuqr._dispatch.placement import (HostFirst, host_first_budget,  # noqa: E402
+                                              upload_seconds)
 
 
 class _State:
@@ -156,18 +156,18 @@ class _State:
 
 
 def test_upload_cost_model():
-    assert upload_seconds(10, 10, 0) == pytest.approx(policy.UPLOAD_FIXED_S, rel=1e-3)
+    assert upload_seconds(10, 10, 0) == pytest.approx(placement.UPLOAD_FIXED_S, rel=1e-3)
     assert upload_seconds(4967, 2456, 173670) > upload_seconds(4967, 2456, 1000)
     extra = upload_seconds(10, 10, 10 ** 9) - upload_seconds(10, 10, 0)
-    assert extra == pytest.approx(12e9 / policy.UPLOAD_BYTES_PER_S)
+    assert extra == pytest.approx(12e9 / placement.UPLOAD_BYTES_PER_S)
 
 
 def test_budget_only_where_a_gpu_iteration_is_faster(monkeypatch):
     assert host_first_budget(3, 2, 4) is None           # tiny: the CPU's iteration is cheaper
     m, n, nnz = 4967, 2456, 173670                      # Groebner_id2003_aug's sizes
-    assert policy.gpu_iteration_seconds(m, n, nnz) < policy.cpu_iteration_seconds(m, n, nnz)
+    assert placement.gpu_iteration_seconds(m, n, nnz) < placement.cpu_iteration_seconds(m, n, nnz)
     assert host_first_budget(m, n, nnz) == upload_seconds(m, n, nnz)
-    monkeypatch.setattr(policy, "GPU_ITERATION_S", 1.0)     # a slow GPU: stay on the CPU
+    monkeypatch.setattr(placement, "GPU_ITERATION_S", 1.0)     # a slow GPU: stay on the CPU
     assert host_first_budget(m, n, nnz) is None
 
 
@@ -200,8 +200,8 @@ def gpu_pays(monkeypatch):
     """A machine where a GPU answers and its iterations would beat the CPU's on any size:
     what the rule sees on the GPU host, without touching a GPU."""
     monkeypatch.setattr(quick, "gpu_available", lambda: True)
-    monkeypatch.setattr(policy, "GPU_ITERATION_S", 0.0)
-    monkeypatch.setattr(policy, "GPU_MATVEC_RATE", 1e30)
+    monkeypatch.setattr(placement, "GPU_ITERATION_S", 0.0)
+    monkeypatch.setattr(placement, "GPU_MATVEC_RATE", 1e30)
 
 
 @pytest.mark.parametrize("method", ["lsqr", "lsmr"])
@@ -209,7 +209,7 @@ def test_short_run_on_host_data_ends_on_the_cpu(method, gpu_pays, monkeypatch, d
     """A run of a few iterations costs less than one upload: SciPy's bits, from the CPU.
     (The upload made to cost a second: on a loaded 2-core host the few iterations'
     measured time passed the real estimate once.)"""
-    monkeypatch.setattr(policy, "UPLOAD_FIXED_S", 1.0)
+    monkeypatch.setattr(placement, "UPLOAD_FIXED_S", 1.0)
     A, b = _problem(120, 30, seed=21)
     run = quick.quick_iterate(method, A, b, None, 0.0, StoppingRules(1e-6, 1e-6, 1e8, None),
                               None, None)
@@ -222,8 +222,8 @@ def test_short_run_on_host_data_ends_on_the_cpu(method, gpu_pays, monkeypatch, d
 def test_long_run_on_host_data_moves_to_the_gpu(method, gpu_pays, monkeypatch, decisions):
     """A run still going after one upload's worth of CPU time hands over (None: the general
     path runs SciPy's algorithm again, on the GPU) and the log says so."""
-    monkeypatch.setattr(policy, "UPLOAD_FIXED_S", 0.0)
-    monkeypatch.setattr(policy, "UPLOAD_BYTES_PER_S", 1e30)   # an upload costs nothing
+    monkeypatch.setattr(placement, "UPLOAD_FIXED_S", 0.0)
+    monkeypatch.setattr(placement, "UPLOAD_BYTES_PER_S", 1e30)   # an upload costs nothing
     A, b = _problem(300, 200, seed=23)
     run = quick.quick_iterate(method, A, b, None, 0.0,
                               StoppingRules(1e-14, 1e-14, 1e8, 10 ** 4), None, None)

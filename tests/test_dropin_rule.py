@@ -24,8 +24,10 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch.iterate_first import (Allowance, analysis_seconds, iteration_flops,
-                                                  rank_decision_seconds, rank_risk)
+from scipy_gpuqr._dispatch import rank_cost
+from scipy_gpuqr._dispatch.iterate_first import Allowance, analysis_seconds
+from scipy_gpuqr._dispatch.placement import iteration_flops
+from scipy_gpuqr._dispatch.rank_cost import rank_decision_seconds, rank_risk
 
 
 #: (analysis flops, seconds of lsqr(backend='cpu')) measured on a 2-core machine
@@ -41,7 +43,7 @@ QR = {"grid16": (2.35e9, 0.571), "Groebner_id2003_aug": (1.83e10, 1.08),
       "lp_share1b": (2e5, 0.00161)}
 
 #: R's entries by the analysis (SuiteSparseQR's COLAMD) where the order exceeds
-#: :data:`~scipy_gpuqr._dispatch.iterate_first.RANK_SPARSE_MIN_ORDER`: the rank
+#: :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_SPARSE_MIN_ORDER`: the rank
 #: decision's sparse rules are predicted from them.
 R_ENTRIES = {"rajat01": 2.57e5, "bayer10": 4.92e5, "grid16": 1.2e6}
 
@@ -156,22 +158,22 @@ def test_stalling_runs_cost_at_most_scipys_run_and_the_qr(histories, nominal):
 
 def test_rank_risk_and_its_cost():
     assert not rank_risk(10.0, 5, 1000) and rank_risk(1e4, 5, 1000) and rank_risk(1.0, 100, 1000)
-    assert rank_decision_seconds(1000, 0.5) == pytest.approx(policy.RANK_S_PER_CUBE * 1e9)
-    big = policy.RANK_DENSE_LIMIT + 1
+    assert rank_decision_seconds(1000, 0.5) == pytest.approx(rank_cost.RANK_S_PER_CUBE * 1e9)
+    big = rank_cost.RANK_DENSE_LIMIT + 1
     assert rank_decision_seconds(big, 0.5) == 0.5
 
 
 def test_a_sparse_host_r_beyond_the_dense_limit_is_costed_by_its_entries():
     """rajat01 (q = 6833, 2.6e5 entries of R): 0.77 s by R's entries where the cube said
     64 s (measured 0.16-0.29 s); a small or dense R, or none known, keeps the old model."""
-    cube = policy.RANK_S_PER_CUBE * 6833.0 ** 3
+    cube = rank_cost.RANK_S_PER_CUBE * 6833.0 ** 3
     assert rank_decision_seconds(6833, 0.01) == pytest.approx(cube)
     assert rank_decision_seconds(6833, 0.01, 2.57e5) == \
-        pytest.approx(policy.RANK_S_PER_R_ENTRY * 2.57e5)
+        pytest.approx(rank_cost.RANK_S_PER_R_ENTRY * 2.57e5)
     assert rank_decision_seconds(6833, 0.01, 0.2 * 6833.0 ** 2) == pytest.approx(cube)  # dense
-    assert rank_decision_seconds(1000, 0.01, 1e3) == pytest.approx(policy.RANK_S_PER_CUBE * 1e9)
-    big = policy.RANK_DENSE_LIMIT + 1
-    assert rank_decision_seconds(big, 0.5, 1e4) == pytest.approx(policy.RANK_S_PER_R_ENTRY * 1e4)
+    assert rank_decision_seconds(1000, 0.01, 1e3) == pytest.approx(rank_cost.RANK_S_PER_CUBE * 1e9)
+    big = rank_cost.RANK_DENSE_LIMIT + 1
+    assert rank_decision_seconds(big, 0.5, 1e4) == pytest.approx(rank_cost.RANK_S_PER_R_ENTRY * 1e4)
 
 
 def test_rajat01s_stall_is_stopped_where_the_cube_model_kept_it(histories, nominal, monkeypatch):
@@ -183,7 +185,7 @@ def test_rajat01s_stall_is_stopped_where_the_cube_model_kept_it(histories, nomin
     stops = stops_over_clock_models(histories, "rajat01.lsqr")
     stopped = [s for s in stops if s is not None]
     assert len(stopped) >= 40 and max(stopped) <= 3000
-    monkeypatch.setattr(policy, "RANK_S_PER_R_ENTRY", math.inf)      # the cube alone
+    monkeypatch.setattr(rank_cost, "RANK_S_PER_R_ENTRY", math.inf)      # the cube alone
     assert stops_over_clock_models(histories, "rajat01.lsqr") == [None] * len(CLOCK_MODELS)
 
 

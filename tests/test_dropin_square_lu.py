@@ -25,6 +25,7 @@ from scipy_gpuqr import lsmr, lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._api.square_lu import BACKWARD_LIMIT, SquareLU
 from scipy_gpuqr._dispatch import iterate_first as policy
+from scipy_gpuqr._dispatch import placement, rank_cost
 from scipy_gpuqr._dispatch.iterate_first import Allowance, lu_seconds
 from scipy_gpuqr._iterative import native
 from scipy_gpuqr.io import mmread
@@ -372,13 +373,13 @@ def test_a_deficient_lu_keeps_the_stop_of_a_stalling_run():
 
 def test_rank_decision_floor():
     q = 1000
-    assert policy.rank_decision_floor(q) == min(policy.RANK_S_PER_CUBE * q ** 3,
-                                                policy.RANK_GPU_S_PER_SQUARE * q ** 2)
+    assert rank_cost.rank_decision_floor(q) == min(rank_cost.RANK_S_PER_CUBE * q ** 3,
+                                                rank_cost.RANK_GPU_S_PER_SQUARE * q ** 2)
     for device in ("cpu", "gpu"):
-        for order in (50, 878, 1813, policy.RANK_SPARSE_MIN_ORDER):
-            assert policy.rank_decision_floor(order) <= \
-                policy.rank_decision_seconds(order, 0.0, 1.0, device=device)
-    assert policy.rank_decision_floor(policy.RANK_SPARSE_MIN_ORDER + 1) == 0.0
+        for order in (50, 878, 1813, rank_cost.RANK_SPARSE_MIN_ORDER):
+            assert rank_cost.rank_decision_floor(order) <= \
+                rank_cost.rank_decision_seconds(order, 0.0, 1.0, device=device)
+    assert rank_cost.rank_decision_floor(rank_cost.RANK_SPARSE_MIN_ORDER + 1) == 0.0
 
 
 def test_recorded_runs_stop_where_they_did_with_a_deficient_lu(histories, nominal):
@@ -394,7 +395,7 @@ def test_recorded_runs_stop_where_they_did_with_a_deficient_lu(histories, nomina
         if m != n:
             continue
         h = histories[key].astype(np.float64)
-        per = 1.5e-5 + policy.iteration_flops(m, n, nnz) / 1e9
+        per = 1.5e-5 + placement.iteration_flops(m, n, nnz) / 1e9
         iter_lim = 2 * n if method == "lsqr" else n
         outcome = {}
         for deficient in (False, True):
@@ -426,8 +427,8 @@ def test_recorded_runs_stop_where_they_did_with_a_deficient_lu(histories, nomina
 
 def test_the_nullspace_orders_agree():
     from scipy_gpuqr._factor import lstsq
-    assert policy.RANK_NULLSPACE_MIN_ORDER == lstsq.NULLSPACE_HOST_MIN_ORDER
-    assert policy.RANK_SPARSE_MIN_ORDER == lstsq.DENSE_LIMIT
+    assert rank_cost.RANK_NULLSPACE_MIN_ORDER == lstsq.NULLSPACE_HOST_MIN_ORDER
+    assert rank_cost.RANK_SPARSE_MIN_ORDER == lstsq.DENSE_LIMIT
 
 
 def test_an_exactly_singular_lu_factorizes_ahead_and_takes_the_exact_answer():
@@ -444,7 +445,7 @@ def test_an_exactly_singular_lu_factorizes_ahead_and_takes_the_exact_answer():
     stop = _converging(watch, 1600)
     assert stop is not None and stop < 1200, stop
     assert len(plans) == 1 and len(speculations) == 1
-    assert watch.rank_s == pytest.approx(policy.RANK_NULLSPACE_S_PER_SQUARE * 878 ** 2)
+    assert watch.rank_s == pytest.approx(rank_cost.RANK_NULLSPACE_S_PER_SQUARE * 878 ** 2)
     assert policy.CLEAR_DEAD_PIVOTS in watch.summary(), watch.summary()
     square, plans, speculations = _Square(False, True, singular=True), [], []
     watch = _watch_order(square, plans, 878, speculations, clear="")
@@ -465,7 +466,7 @@ def test_an_exactly_singular_lu_outside_the_nullspace_orders_keeps_the_floor(ord
     watch = _watch_order(square, plans, order, speculations, clear=policy.CLEAR_DEAD_PIVOTS)
     _converging(watch, 1600)
     assert not speculations
-    assert watch._floor() == (policy.rank_decision_floor(order)
+    assert watch._floor() == (rank_cost.rank_decision_floor(order)
                               * (1.0 if watch.at_risk else policy.RANK_PRIOR))
 
 

@@ -8,7 +8,17 @@ plan
     engines (:func:`~scipy_gpuqr._dispatch.plan.backend_factorizer`).
 iterate_first
     ``auto``'s rule for least squares: when SciPy's iterations (run with the
-    caller's arguments) answer, and when the sparse QR takes over.
+    caller's arguments) answer, and when the sparse QR takes over
+    (:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`, the run's watcher).
+placement
+    Where those iterations run (the CPU, a GPU through CuPy, one GPU thread
+    block), what one costs there, and the move from the host (``HostFirst``).
+rank_cost
+    The predicted seconds of the QR's rank decision, which the rule adds to the
+    QR's time.
+lu_route
+    The route of that rank decision which SuperLU's factors of a square A
+    predict (``LURoute``), for the rule.
 cost_model
     The predicted time of a direct solve.
 calibration

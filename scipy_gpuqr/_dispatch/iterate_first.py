@@ -34,24 +34,26 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
    cost (:func:`analysis_seconds`): a problem that converges that soon is
    answered without analysis, and one that needs the analysis pays at most
    ``1 / ANALYSIS_DEFERRAL`` of its iteration time for it.
-2. Then the plan is made and the QR's time Q predicted: the factorization
-   and solve (:func:`scipy_gpuqr._dispatch.cost_model.predicted_seconds`),
-   plus the rank decision's dense work (:func:`rank_decision_seconds`) where
-   the run shows the matrix may be ill-conditioned or rank deficient
-   (:func:`rank_risk`: its condition estimate passed
-   :data:`RANK_RISK_COND`, or it has run :data:`RANK_RISK_SHARE` of the
-   columns' count of iterations; before that, :data:`RANK_PRIOR` of it). On
-   such matrices the rank decision costs up to hundreds of factorizations.
-   Where the rank decision is what keeps the QR from answering (the run
-   looks as if it will not converge soon, and the factorization alone would
-   be cheaper than iterating on), the factorization is made at once, once,
-   if the caller can (``speculate``): when its R is clearly of full rank
-   (one of lstsq's cheap tests passes: the 1-norm condition estimate, or the
-   randomized probe through R's sparse solves) the rank decision costs a triangular
-   condition estimate, not dense work, and the QR's remaining cost is its
-   solve; so it is where a few of R's pivots lie below lstsq's cutoff with the
-   rest clearly above (the null-space COD: a few solves with those columns);
-   otherwise the prediction stands and the factors wait for the QR.
+2. Then the plan is made and the QR's time Q predicted: the factorization and
+   solve (:func:`scipy_gpuqr._dispatch.cost_model.predicted_seconds`), plus the
+   rank decision's dense work
+   (:func:`~scipy_gpuqr._dispatch.rank_cost.rank_decision_seconds`) where the
+   run shows the matrix may be ill-conditioned or rank deficient
+   (:func:`~scipy_gpuqr._dispatch.rank_cost.rank_risk`: its condition estimate
+   passed :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_RISK_COND`, or it has
+   run :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_RISK_SHARE` of the columns'
+   count of iterations; before that, :data:`RANK_PRIOR` of it). On such
+   matrices the rank decision costs up to hundreds of factorizations. Where the
+   rank decision is what keeps the QR from answering (the run looks as if it
+   will not converge soon, and the factorization alone would be cheaper than
+   iterating on), the factorization is made at once, once, if the caller can
+   (``speculate``): when its R is clearly of full rank (one of lstsq's cheap
+   tests passes: the 1-norm condition estimate, or the randomized probe through
+   R's sparse solves) the rank decision costs a triangular condition estimate,
+   not dense work, and the QR's remaining cost is its solve; so it is where a
+   few of R's pivots lie below lstsq's cutoff with the rest clearly above (the
+   null-space COD: a few solves with those columns); otherwise the prediction
+   stands and the factors wait for the QR.
 3. SciPy's run stops only on a verdict that holds at
    :data:`CONFIRMATIONS` checkpoints in a row:
 
@@ -82,70 +84,44 @@ On a square A whose exact answer SciPy's SuperLU may give
 first: once the run has cost the LU's prediction (:func:`lu_seconds`: ski
 rental) and its projection does not promise convergence within that time,
 SuperLU factorizes and tests lstsq's rank rule (on a host with cores to spare
-the factors are made ahead on a worker from :data:`LU_AHEAD_SHARE` of that time,
-while the run goes on, and read there: the run waits for what is left of them,
-not for all of them); where its factors may answer,
-the exact answer's remaining cost is their solve and the verdicts above weigh
-that (no analysis); otherwise the rule goes on as without it, except where the
-LU showed A not of full rank (``deficient``: an exactly singular factor, or the
-probe's lower bound of ``‖A⁻¹‖₂`` past lstsq's cutoff). Then R cannot pass the
-cheap full-rank tests, so nothing is factorized ahead, and the QR costs at
-least its rank decision's dense work (:func:`rank_decision_floor`, whichever
-device the plan picks): the analysis waits until a verdict would stop the run
-even at that floor. Every verdict stops at a lower QR time no later than at a
-higher one, so the run stops where it would have stopped, and a run that
-converges first (the ill-conditioned square matrices whose SciPy run needs a
-few thousand iterations) pays for neither the analysis nor a factorization.
-Where SuperLU found A exactly singular (``square.singular``) and R's order lies
-from :data:`RANK_NULLSPACE_MIN_ORDER` to :data:`RANK_SPARSE_MIN_ORDER`, A's
-exact dependences are likely a few dead pivots of R, far below the cutoff,
-which the host's null-space COD decides with a few solves: there the floor is
-0, the analysis is not deferred, and the factorization ahead reads R's pivots
+the factors are made ahead on a worker from :data:`LU_AHEAD_SHARE` of that
+time, while the run goes on, and read there: the run waits for what is left of
+them, not for all of them); where its factors may answer, the exact answer's
+remaining cost is their solve and the verdicts above weigh that (no analysis);
+otherwise the rule goes on as without it, except where the LU showed A not of
+full rank (``deficient``: an exactly singular factor, or the probe's lower
+bound of ``‖A⁻¹‖₂`` past lstsq's cutoff). Then R cannot pass the cheap
+full-rank tests, so nothing is factorized ahead, and the QR costs at least its
+rank decision's dense work
+(:func:`~scipy_gpuqr._dispatch.rank_cost.rank_decision_floor`, whichever device
+the plan picks): the analysis waits until a verdict would stop the run even at
+that floor. Every verdict stops at a lower QR time no later than at a higher
+one, so the run stops where it would have stopped, and a run that converges
+first (the ill-conditioned square matrices whose SciPy run needs a few thousand
+iterations) pays for neither the analysis nor a factorization. Where SuperLU
+found A exactly singular (``square.singular``) and R's order lies from
+:data:`~scipy_gpuqr._dispatch.rank_cost.RANK_NULLSPACE_MIN_ORDER` to
+:data:`~scipy_gpuqr._dispatch.rank_cost.RANK_SPARSE_MIN_ORDER`, A's exact
+dependences are likely a few dead pivots of R, far below the cutoff, which the
+host's null-space COD decides with a few solves: there the floor is 0, the
+analysis is not deferred, and the factorization ahead reads R's pivots
 (:data:`CLEAR_DEAD_PIVOTS`: the QR's rest is then that decision,
-:data:`RANK_NULLSPACE_S_PER_SQUARE` × order², and its solve; otherwise the run
-goes on to SciPy's stop, having paid one analysis and one factorization).
-Where SuperLU's factors are deficient without being singular and U's pivots
-split at lstsq's cutoff (``square.revealed_dead()``: a few under it, the rest
-clearly above), on a host whose GPU would run the QR's dense rank work
-(``dense_gpu``) and for R's orders from :data:`GAP_GPU_MIN_ORDER` to
-:data:`RANK_SPARSE_MIN_ORDER`, the rank decision is predicted to be the
-gap-checked sparse COD with its σ test on the device (:func:`gap_check_seconds`),
-not dense work: the analysis is not deferred, and the run stops for the exact
-answer unless its projection promises convergence within
-:data:`PREDICTED_SHARE` of the QR's predicted time (LSQR's projections on such
-matrices promise convergence far too soon; the long trend is read, whose
-course the window's flicker does not break), at the first checkpoint that
-says so (:data:`PREDICTED_CONFIRMATIONS`). A prediction that does not hold
-costs time, not accuracy: the QR's own checks decide the rank. Where the plan
-puts the factorization on the GPU (whose factorizer the sparse COD would use)
-or R is too dense for that COD, the prediction is dropped and the rule goes on
-as for any deficient LU. On a host without a GPU for that work (``dense_gpu()``
-False) whose compiled sparse sweeps answer (``host_sweeps``) the same split
-predicts the host's gap-checked sparse COD, which lstsq tries there before any
-dense rule (its σ test on R11's compiled sweeps), at a cost that follows R's
-entries (:func:`host_sparse_rank_seconds`), not the dense rules' cube; the same
-verdict stops the run, and the plan drops the prediction
-where it factorizes on the GPU, did not count R's entries, or R is too dense for
-the sparse COD. Where U's pivots hide the deficiency instead (none at
-lstsq's cutoff even with ``‖A‖_F`` for σ_max, ``square.hides_deficiency()``:
-nnc1374, 66 singular values under the cutoff and no pivot there), the same holds
-with the rank decision predicted as R's small singular subspace on the GPU
-(:func:`subspace_seconds`: a few block solves with R made dense there, lstsq's
-``DenseSubspaceCOD``), dropped where the plan saw no GPU (on a host without one nothing
-is predicted: R's small singular subspace through R's host solves costs about as much as
-SciPy's whole run on such a matrix); where R's singular values have no clear gap at the
-cutoff that decision refuses and the SVD answers, later.
-Beyond :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``), on a host whose GPU
-would run the QR's dense rank work, a deficient LU that is not singular predicts the
-rank decision as R's small singular subspace on the GPU wherever lstsq would try it
-there (``device_subspace``: the first block, sized by U's pivots under the cutoff, within
-the largest, and R made dense within the device's memory), gap or not (lstsq's rule
-beyond ``DENSE_LIMIT``): a few block solves (:func:`subspace_seconds`), not the dense
-COD's q³ nor R's entries' sparse rules. The plan then factorizes on the GPU
-(``plan_gpu``), whose rank decision tries that subspace first (a host R's gap-checked
-sparse COD would come before it), and the run stops as above unless its trend promises
-convergence within :data:`PREDICTED_SHARE` of the QR's predicted time. An exactly
-singular LU keeps its own rule: its R's pivots at rounding make the subspace refuse.
+:data:`~scipy_gpuqr._dispatch.rank_cost.RANK_NULLSPACE_S_PER_SQUARE` × order²,
+and its solve; otherwise the run goes on to SciPy's stop, having paid one
+analysis and one factorization).
+Where SuperLU's factors are deficient without being singular, U's pivots may
+predict which of lstsq's rank rules the QR's R will meet, and so the cost of its
+rank decision (:class:`~scipy_gpuqr._dispatch.lu_route.LURoute`: the gap-checked
+sparse COD with its σ test on the GPU or on the host, or R's small singular
+subspace on the GPU, which beyond lstsq's ``DENSE_LIMIT`` has the plan factorize
+on the GPU, ``plan_gpu``). Where such a prediction holds the analysis is not
+deferred, and the run stops for the exact answer unless its projection promises
+convergence within :data:`PREDICTED_SHARE` of the QR's predicted time (LSQR's
+projections on such matrices promise convergence far too soon; the long trend
+is read, whose course the window's flicker does not break), at the first
+checkpoint that says so (:data:`PREDICTED_CONFIRMATIONS`). Where the plan shows
+the QR would not take the predicted route, the prediction is dropped and the
+rule goes on as for any deficient LU.
 
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
@@ -155,26 +131,9 @@ iterations at the fastest one's pace, so that a process descheduled for a
 moment on a busy machine does not turn a converging run into a "stalling"
 one (nor set off the analysis early).
 
-Where the iterations run: :func:`iterate_on_gpu`. A run on the caller's
-host matrix whose iterations a GPU would make faster starts on the CPU all
-the same and moves to the GPU only once it has cost as much as putting A
-there (:func:`upload_seconds`, :class:`HostFirst`: ski rental). A run of a
-few iterations, which the upload alone would make several times slower,
-ends on the CPU; a long one pays at most one upload's worth of CPU time more
-than starting on the GPU would have.
-
-Middling problems on host data (from :data:`BLOCK_MIN_NNZ` entries) run in one
-GPU thread block instead (:mod:`scipy_gpuqr._iterative.block`: many iterations
-per launch, no copy between them) where its predicted iteration
-(:func:`block_iteration_seconds`, A's longest lines included) beats the host
-loop's and the CuPy path's (:func:`iterate_in_block`). The
-run starts on the host all the same and moves to the block once its
-iterations so far have cost, beyond what the block would have spent on them,
-:data:`BLOCK_RENT` times the block's start (:func:`block_start_seconds`: packing A's CSR and CSC
-arrays, the copy, a launch; :class:`HostFirst` with ``per_iteration``); the
-block goes on from the host's last iteration (its state handed on), so no
-iteration is made twice. A run of a few iterations ends on the host with
-SciPy's bits, a long one moves.
+Where the iterations run, and their move from the host to the GPU or to one GPU
+thread block once they have cost as much as the move (ski rental), is
+:mod:`scipy_gpuqr._dispatch.placement`'s.
 
 Explicit backends (``gpu``, ``cpu``, ``reference``, ``simulate``) and
 ``GpuqrOptions(iterate_first=False)`` always factorize.
@@ -189,110 +148,24 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .._gpu import gpu_available
 from .._schedule.native import usable_cpus
 from .cost_model import predicted_seconds
+from .lu_route import LURoute
+from .placement import cpu_iteration_seconds, host_iteration_seconds
+from .rank_cost import (RANK_NULLSPACE_MIN_ORDER, RANK_NULLSPACE_S_PER_SQUARE,
+                        RANK_SPARSE_MIN_ORDER, rank_decision_floor, rank_decision_seconds,
+                        rank_risk)
 
-__all__ = ["CPU_ITERATION_S", "CPU_MATVEC_RATE", "GPU_ITERATION_S", "GPU_MATVEC_RATE",
-           "HOST_ITERATION_S", "host_iteration_seconds",
-           "ANALYSIS_FIXED_S", "ANALYSIS_S_PER_LINE", "ANALYSIS_S_PER_ENTRY",
-           "ANALYSIS_DEFERRAL", "STALL_SHARE", "ALLOWANCE_SHARE", "SWITCH_MARGIN",
-           "ITER_LIM_MARGIN", "CONFIRMATIONS", "PREDICTED_CONFIRMATIONS", "RANK_RISK_COND",
-           "RANK_RISK_SHARE",
-           "RANK_PRIOR", "RANK_S_PER_CUBE", "RANK_DENSE_LIMIT", "RANK_SPARSE_MIN_ORDER",
-           "RANK_SPARSE_MAX_DENSITY", "RANK_NULLSPACE_MIN_ORDER", "RANK_NULLSPACE_S_PER_SQUARE",
-           "CLEAR_FULL_RANK", "CLEAR_DEAD_PIVOTS", "RANK_S_PER_R_ENTRY", "RANK_GPU_S_PER_SQUARE",
-           "RANK_GPU_S_PER_CUBE", "PROMISE_SLACK", "BROKEN_PROMISES",
-           "POWER_MARGIN", "PROJECTION_WINDOW", "rank_decision_floor",
-           "GAP_GPU_S_PER_SQUARE", "GAP_GPU_MIN_ORDER", "PREDICTED_SHARE", "gap_check_seconds",
-           "SUBSPACE_GPU_S_PER_SQUARE", "SUBSPACE_GPU_LARGE_S_PER_SQUARE",
-           "SUBSPACE_GPU_PLAN_REASON", "subspace_seconds",
-           "HOST_SPARSE_RANK_S_PER_R_ENTRY", "host_sparse_rank_seconds",
-           "CHECK_GROWTH", "CHECK_INTERVAL_S", "UPLOAD_FIXED_S", "UPLOAD_BYTES_PER_S",
-           "upload_seconds", "host_first_budget", "HostFirst", "SPECULATION_S_PER_ENTRY",
-           "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY", "lu_seconds",
-           "CONVERGED", "iteration_flops", "cpu_iteration_seconds", "gpu_iteration_seconds",
-           "iterate_on_gpu", "BLOCK_FIXED_S", "BLOCK_ITERATION_S", "BLOCK_BYTES_PER_S",
-           "BLOCK_TRANSPOSE_S_PER_ENTRY", "BLOCK_PACK_S_PER_ENTRY", "HOST_LOOP_SPEEDUP",
-           "MOVE_BOUND", "BLOCK_RENT", "BLOCK_LINE_S", "BLOCK_MIN_NNZ", "BLOCK_MARGIN",
-           "block_iteration_seconds", "block_start_seconds",
-           "iterate_in_block", "analysis_seconds", "needs_watching", "zero_tolerances",
-           "rank_risk", "rank_decision_seconds", "Allowance"]
+__all__ = ["SPECULATION_S_PER_ENTRY", "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_PER_ENTRY",
+           "LU_AHEAD_MIN_CPUS", "LU_AHEAD_SHARE", "LU_AHEAD_MAX_S", "ANALYSIS_FIXED_S",
+           "ANALYSIS_S_PER_LINE", "ANALYSIS_S_PER_ENTRY", "ANALYSIS_DEFERRAL", "STALL_SHARE",
+           "ALLOWANCE_SHARE", "SWITCH_MARGIN", "ITER_LIM_MARGIN", "CONFIRMATIONS",
+           "PREDICTED_CONFIRMATIONS", "RANK_PRIOR", "PREDICTED_SHARE", "CLEAR_FULL_RANK",
+           "CLEAR_DEAD_PIVOTS", "PROMISE_SLACK", "BROKEN_PROMISES", "POWER_MARGIN",
+           "PROJECTION_WINDOW", "CHECK_GROWTH", "CHECK_INTERVAL_S", "CONVERGED", "lu_seconds",
+           "analysis_seconds", "needs_watching", "zero_tolerances", "Allowance"]
 
 _EPS = float(np.finfo(np.float64).eps)
-
-#: Fixed seconds of one LSQR/LSMR iteration on the CPU: the Python scalar
-#: recurrences and a dozen vector calls around the two products.
-CPU_ITERATION_S = 1e-4
-#: Flop rate of the CPU's matrix-vector products and vector updates (one
-#: iteration is :func:`iteration_flops`): a memory-bound sparse product.
-CPU_MATVEC_RATE = 1e9
-#: Fixed seconds of one iteration of the host loops
-#: (:mod:`scipy_gpuqr._iterative.host`, SciPy CSR/CSC float64 A): SciPy's
-#: scalar recurrences on Python floats and some twenty in-place vector calls,
-#: without the LinearOperator's dispatch; still pessimistic, as
-#: :func:`needs_watching` needs.
-HOST_ITERATION_S = 2e-5
-#: Fixed seconds of one iteration on a GPU: the kernel launches and the one
-#: device-to-host copy of the scalars the recurrences need.
-GPU_ITERATION_S = 5e-4
-#: Flop rate of the GPU's products and updates (memory bound as well, on
-#: several times the bandwidth).
-GPU_MATVEC_RATE = 1e11
-
-#: Fixed seconds of a run in one GPU thread block on host data
-#: (:mod:`scipy_gpuqr._iterative.block`): the packed buffer, its copy to the device,
-#: a launch, the copy back and the result (measured on an H200 host: 0.18–0.29 ms
-#: for problems of up to a few thousand entries).
-BLOCK_FIXED_S = 2.5e-4
-#: Fixed seconds of one iteration in the block: three block-wide sums (trees of
-#: barriers) and the scalar recurrences every thread computes.
-BLOCK_ITERATION_S = 4e-6
-#: Bytes per second one thread block's products and vector updates move (one
-#: multiprocessor gathering from cache and device memory).
-BLOCK_BYTES_PER_S = 5e10
-#: Seconds per entry of A's longest row and longest column: one thread forms each
-#: row's and column's product alone, so a dense line is a serial chain of dependent
-#: loads the block waits for (an H200: reorientation_1, lines of 632 entries, 35 µs
-#: an iteration against 11 without them; rajat01, 1442, about 220 µs against 48).
-BLOCK_LINE_S = 5e-8
-#: Fewest stored entries of A for the block: below, the host loop's iterations
-#: (9–15 µs on an H200's host for a few thousand entries) leave the block too little
-#: to save for its start (measured there: bfwa62, gent113, lp_e226, reorientation_1
-#: and tumorAntiAngiogenesis_2 slower in the block, west0067 and west0497 faster).
-BLOCK_MIN_NNZ = 20000
-#: The block's iteration must cost at most this share of the CuPy path's
-#: (:func:`gpu_iteration_seconds`) to be chosen over it (grid 40³: the CuPy path
-#: answered in 0.17 of SciPy's time, the block in 0.26, at a nominal tie).
-BLOCK_MARGIN = 0.8
-#: Seconds per stored entry of the host's conversion of A to its other compressed
-#: format (the block's products need A by rows and by columns).
-BLOCK_TRANSPOSE_S_PER_ENTRY = 3e-9
-#: Seconds per stored entry of packing A's values and indices, by rows and by
-#: columns, into the block's one host buffer (an H200 host: ch7-8-b3's start,
-#: 235200 entries, about 3.6 ms against 2.8 without it).
-BLOCK_PACK_S_PER_ENTRY = 4e-9
-#: SciPy's LSQR/LSMR iteration over the host loops' (:mod:`scipy_gpuqr._iterative.host`)
-#: on the same matrix (an H200 host: 1.4 on ch7-8-b3, 1.5 on a random 20000×4000).
-HOST_LOOP_SPEEDUP = 1.4
-#: The most a call under ``auto`` may cost against SciPy's own where SciPy's
-#: iterations converge (issue 15's bound).
-MOVE_BOUND = 1.1
-#: The share of the block's start a run's host iterations must have cost (beyond
-#: the block's own) before :class:`HostFirst` moves it: ``1 / (MOVE_BOUND ·
-#: HOST_LOOP_SPEEDUP − 1)``. A run that moves after k host iterations and then
-#: stops at once costs ``k·h + start + g``; SciPy's costs ``(k + 1)·HOST_LOOP_SPEEDUP·h``;
-#: with ``(k − 1)·h >= BLOCK_RENT · start`` the move keeps that within ``MOVE_BOUND``
-#: (what is left, ``(2·MOVE_BOUND·HOST_LOOP_SPEEDUP − 1)·h``, covers the call's own
-#: start and the block's one iteration). Longer runs only gain from the block.
-BLOCK_RENT = 1.0 / (MOVE_BOUND * HOST_LOOP_SPEEDUP - 1.0)
-
-#: Fixed seconds of putting a host matrix on the GPU for the iterations: the
-#: cupyx CSR matrix, its explicit transpose made on the device, and the first
-#: launches of the iteration's kernels.
-UPLOAD_FIXED_S = 2e-3
-#: Bytes per second of the host-to-device copy of the matrix (pageable memory).
-UPLOAD_BYTES_PER_S = 5e9
 
 #: Seconds per entry of an order-q R (q² of them) of the cheap full-rank tests a
 #: speculative factorization makes (R made dense, LAPACK's triangular
@@ -353,74 +226,17 @@ ITER_LIM_MARGIN = 2.0
 #: Consecutive checkpoints that must reach the same verdict before a run is
 #: stopped (one window's projection can be an outlier).
 CONFIRMATIONS = 2
-#: ... except the verdict of U's pivots (:attr:`Allowance.gap_predicted`), which reads
+#: ... except the verdict of U's pivots (:class:`~scipy_gpuqr._dispatch.lu_route.LURoute`),
+#: which reads
 #: the LU's factors and the run's long trend, not one window's projection: it stops
 #: at the first checkpoint that reaches it.
 PREDICTED_CONFIRMATIONS = 1
-#: A run whose condition estimate reaches this is treated as one on a matrix
-#: that may be ill-conditioned or rank deficient (LSQR's estimate grows
-#: towards cond(A) but stays far below it: 1e5-3e6 at SciPy's stop on
-#: matrices with cond 1e11-1e13).
-RANK_RISK_COND = 1e4
-#: ... and so is a run that has taken this share of min(m, n) iterations
-#: (well-conditioned problems converge in a small fraction of it).
-RANK_RISK_SHARE = 0.1
-#: Weight of the rank decision's predicted time before :func:`rank_risk` holds:
-#: early in a run nothing tells an ill-conditioned matrix (whose rank decision
-#: costs up to hundreds of factorizations) from a well-conditioned one, and
-#: stopping a converging run for a QR that turns out that slow costs far more
-#: than iterating on a stalling one a little longer.
+#: Weight of the rank decision's predicted time before
+#: :func:`~scipy_gpuqr._dispatch.rank_cost.rank_risk` holds: early in a run nothing tells an
+#: ill-conditioned matrix (whose rank decision costs up to hundreds of factorizations) from a
+#: well-conditioned one, and stopping a converging run for a QR that turns out that slow costs far
+#: more than iterating on a stalling one a little longer.
 RANK_PRIOR = 0.1
-#: Seconds per q³ of the rank decision's dense work on an order-q R (SVD,
-#: dense COD or the subspace iteration with its Lanczos estimates; measured
-#: 0.4-2e-9 s on 2 cores on ill-conditioned shared matrices of order
-#: 480-1800: nnc1374, adder_dcop_05, reorientation_1, dwt_878, west0479).
-RANK_S_PER_CUBE = 2e-10
-#: Largest order of R whose rank is decided by dense work on the host
-#: (``scipy_gpuqr._factor.lstsq.DENSE_COD_HOST_LIMIT``); beyond it a second,
-#: rank-revealing sparse factorization of R, costed as one more factorization.
-RANK_DENSE_LIMIT = 14000
-#: Beyond this order (lstsq's ``DENSE_LIMIT``) a sparse R on the host
-#: (:data:`RANK_SPARSE_MAX_DENSITY`) has its rank decided by sparse rules
-#: before any dense work: the gap-checked sparse COD (a rank-detecting sparse
-#: QR of R), then the subspace iteration through R's triangular solves; their
-#: cost grows with R's entries, not with the order's cube.
-RANK_SPARSE_MIN_ORDER = 2500
-#: Smallest order of a square R whose host rank decision tries the null-space COD
-#: first where a few of R's pivots lie below the cutoff (lstsq's
-#: ``NULLSPACE_HOST_MIN_ORDER``): two solves with that many columns and a probe,
-#: no dense work. Where SuperLU found A exactly singular (``square.singular``:
-#: exact dependences, whose singular values lie at rounding level, far below the
-#: cutoff) such an R is likely, so the rank decision's floor there is 0 and the
-#: factorization ahead may show it (dwt_878: 28 dead pivots, a clean gap).
-RANK_NULLSPACE_MIN_ORDER = 500
-#: Seconds per q² of that null-space COD and its solve on the host (dwt_878, q =
-#: 878, 28 dead pivots: 8.5 ms of CPU time on the 2-core host, the lookup of the
-#: process' BLAS pools included).
-RANK_NULLSPACE_S_PER_SQUARE = 1e-8
-
-#: Seconds per q² of the gap-checked sparse COD of a host R of order q whose σ test
-#: runs on a GPU (auto with a GPU present: R11 made dense there, cuBLAS's inverse and
-#: Lanczos), with σ_max by Lanczos, the rank-detecting sparse QR of R and the second
-#: one of the host (measured on an H200 host, warm: adder_dcop_05, q = 1813, 28 ms).
-GAP_GPU_S_PER_SQUARE = 1e-8
-#: Smallest order of R11 whose σ test runs on the GPU (lstsq's ``SVD_GPU_MIN_ORDER``):
-#: below, the host's dense Lanczos answers, at the cube's cost.
-GAP_GPU_MIN_ORDER = 600
-#: Seconds per q² of the rank decision from R's small singular subspace on a GPU (lstsq's
-#: ``DenseSubspaceCOD``: R made dense there and its σ test, a few steps of a block inverse
-#: subspace iteration with 128 columns, the probe of the gap), where U's pivots hide
-#: A's deficiency: nnc1374's (q = 1374) on one H200, the median of an auto call's.
-SUBSPACE_GPU_S_PER_SQUARE = 1.4e-8
-#: ... and beyond :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``), where the steps'
-#: block solves (``3·p·q²`` flops) and R's dense copy outweigh the launches' latency:
-#: seconds per q², never less than the decision at that order (bayer10's GPU R, q = 13436,
-#: block 212, 4 steps: 0.28 s of a ``QRFactorization`` and solve of 0.32 s on one H200, warm).
-SUBSPACE_GPU_LARGE_S_PER_SQUARE = 1.6e-9
-#: Why the plan factorizes on the GPU where R's small singular subspace there is predicted
-#: beyond :data:`RANK_SPARSE_MIN_ORDER` (``Allowance(plan_gpu=)``).
-SUBSPACE_GPU_PLAN_REASON = ("the QR's rank decision predicted as R's small singular subspace "
-                            "on the GPU beyond lstsq's DENSE_LIMIT: R made there")
 #: Where U's pivots predict the gap-checked COD, the run stops unless its long trend
 #: (:meth:`Allowance._trend`; the window's projection before there is one, whose
 #: flicker would keep the verdict from being confirmed) promises convergence within
@@ -428,51 +244,13 @@ SUBSPACE_GPU_PLAN_REASON = ("the QR's rank decision predicted as R's small singu
 #: far too soon (adder_dcop_05 at 410 iterations: 390 more by the trend, 1530 in
 #: fact); a run that does converge that soon costs at most the QR's time more.
 PREDICTED_SHARE = 0.1
-#: On a host whose dense rank work is its own (no GPU: ``dense_gpu()`` False) and whose
-#: compiled sparse sweeps answer (``host_sweeps()``), U's pivots that split at lstsq's cutoff
-#: (``square.revealed_dead()``) predict the rank decision of an
-#: R of order :data:`GAP_GPU_MIN_ORDER` to :data:`RANK_SPARSE_MIN_ORDER` as the host's
-#: gap-checked sparse COD (lstsq tries it before any dense rule on a sparse host R: σ_max
-#: known from the LU, a rank-detecting sparse QR of R, σ_min(R11) on R11's compiled sweeps,
-#: a second sparse QR), whose cost follows R's entries, not the dense rules' cube:
-#: seconds per entry of R (the analysis' count), on the dear side (adder_dcop_05 on 2
-#: cores: 15-20 ms for 33 300 entries after the LU, against 1.19 s by the cube).
-HOST_SPARSE_RANK_S_PER_R_ENTRY = 1e-6
 
 #: ``speculate``'s answers where R's rank decision costs no dense work: R is
-#: clearly of full rank (a triangular condition estimate or probe, then R's
-#: solve), or a few of its pivots lie below lstsq's cutoff and the rest clearly
-#: above (the null-space COD: :data:`RANK_NULLSPACE_S_PER_SQUARE`).
+#: clearly of full rank (a triangular condition estimate or probe, then R's solve), or a few of its
+#: pivots lie below lstsq's cutoff and the rest clearly above (the null-space COD:
+#: :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_NULLSPACE_S_PER_SQUARE`).
 CLEAR_FULL_RANK = "R clearly of full rank"
 CLEAR_DEAD_PIVOTS = "R of a few dead pivots (the null-space COD)"
-#: Largest share of R's q² entries that are nonzero for those sparse rules
-#: (lstsq's ``SPARSE_COD_MAX_DENSITY``).
-RANK_SPARSE_MAX_DENSITY = 0.05
-#: Seconds per entry of R (the analysis' count) of the sparse rules: measured
-#: on 2 cores, 1.1e-6 (rajat01, q = 6833, the sparse COD: 0.16-0.29 s where
-#: the cube model said 64 s) to 2.9e-6 (bayer10, q = 13436, the subspace
-#: iteration after the COD's gap check failed: 1.1-1.4 s where it said 485 s);
-#: the dearer path, since nothing before the factorization tells them apart.
-RANK_S_PER_R_ENTRY = 3e-6
-#: Seconds per q² of the rank decision on a GPU factorization's R of order q up
-#: to :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``): R made dense on the
-#: device, its σ test and cuSOLVER's SVD, which the panel steps' latency bounds
-#: rather than the flops (measured on an H200, warm: dwt_878 0.125 s, nnc1374
-#: 0.29 s, adder_dcop_05 0.35 s by the sparse COD with the GPU's factorizer).
-RANK_GPU_S_PER_SQUARE = 1.6e-7
-#: Seconds per q³ of the rank decision on a GPU factorization's R beyond
-#: :data:`RANK_SPARSE_MIN_ORDER` up to :data:`RANK_DENSE_LIMIT`: the blocked
-#: dense COD on the device (measured on an H200, warm: rajat01, q = 6833,
-#: 0.36-0.44 s where the cube model said 64 s). R's small singular subspace on the
-#: device comes first where R made dense fits there, and where it settles it costs
-#: less (bayer10, q = 13436, no gap at the cutoff: 0.28 s); where it refuses (R's
-#: solves growing past the cutoff's resolution: rajat01) the COD decides, and where
-#: that finds no gap a sparse R's subspace through its host solves or cuSOLVER's SVD
-#: of all of R. Nothing before the factorization tells these apart, and the COD's cost
-#: is the prediction, but SuperLU's factors of a square A that show it deficient without
-#: an exact singularity (:meth:`Allowance._predicts_large_subspace`: the subspace's
-#: cost, :func:`subspace_seconds`).
-RANK_GPU_S_PER_CUBE = 1.3e-12
 #: A projection at iteration ``i`` of ``f`` more iterations promised SciPy's
 #: stop by ``i + f``; the promise is broken once the run passes this many
 #: times ``i + f`` without it ...
@@ -505,197 +283,6 @@ CHECK_INTERVAL_S = 1e-3
 CONVERGED = frozenset((1, 2, 4, 5))
 
 
-def iteration_flops(m: int, n: int, nnz: int) -> float:
-    """Flops of one LSQR/LSMR iteration: two products with A and a few vector updates."""
-    return 4.0 * nnz + 12.0 * (m + n)
-
-
-def cpu_iteration_seconds(m: int, n: int, nnz: int) -> float:
-    """Nominal seconds of one CPU iteration (:data:`CPU_ITERATION_S`, :data:`CPU_MATVEC_RATE`)."""
-    return CPU_ITERATION_S + iteration_flops(m, n, nnz) / CPU_MATVEC_RATE
-
-
-def host_iteration_seconds(m: int, n: int, nnz: int) -> float:
-    """Nominal seconds of one iteration of the host loops (:data:`HOST_ITERATION_S`,
-    :data:`CPU_MATVEC_RATE`)."""
-    return HOST_ITERATION_S + iteration_flops(m, n, nnz) / CPU_MATVEC_RATE
-
-
-def gpu_iteration_seconds(m: int, n: int, nnz: int) -> float:
-    """Nominal seconds of one GPU iteration (:data:`GPU_ITERATION_S`, :data:`GPU_MATVEC_RATE`)."""
-    return GPU_ITERATION_S + iteration_flops(m, n, nnz) / GPU_MATVEC_RATE
-
-
-def iterate_on_gpu(m: int, n: int, nnz: int, *, on_gpu: bool) -> tuple[bool, str]:
-    """Whether the iterations run on the GPU, and why.
-
-    On the GPU when one answers (:func:`scipy_gpuqr._gpu.gpu_available`) and
-    either the caller's data is there (CuPy in, CuPy out, no copy) or the
-    problem is large enough that a GPU iteration, with its fixed cost, beats
-    a CPU one. Small host problems never ask for the GPU (nor import CuPy).
-
-    Parameters
-    ----------
-    m, n, nnz : int
-        Shape and stored entries of A.
-    on_gpu : bool
-        The caller passed CuPy/cupyx data.
-    """
-    cpu_s, gpu_s = cpu_iteration_seconds(m, n, nnz), gpu_iteration_seconds(m, n, nnz)
-    if not on_gpu and cpu_s <= gpu_s:
-        return False, f"CPU: a CPU iteration (about {cpu_s:.2g} s) beats a GPU one"
-    if not gpu_available():
-        return False, "CPU: no GPU"
-    if on_gpu:
-        return True, "GPU: the data is there"
-    return True, f"GPU: a GPU iteration (about {gpu_s:.2g} s) beats a CPU one ({cpu_s:.2g} s)"
-
-
-def block_iteration_seconds(m: int, n: int, nnz: int, longest: int = 0) -> float:
-    """Nominal seconds of one iteration in one GPU thread block: :data:`BLOCK_ITERATION_S`,
-    the bytes it moves (A's values, indices and gathered entries twice, the vectors'
-    reads and writes) at :data:`BLOCK_BYTES_PER_S`, and ``longest`` (the entries of A's
-    longest row plus its longest column) at :data:`BLOCK_LINE_S`."""
-    return (BLOCK_ITERATION_S + (40.0 * nnz + 24.0 * m + 48.0 * n) / BLOCK_BYTES_PER_S
-            + BLOCK_LINE_S * longest)
-
-
-def block_start_seconds(m: int, n: int, nnz: int) -> float:
-    """Nominal seconds of a block run's start on host data (:data:`BLOCK_FIXED_S`, A's
-    other format, the packing of both formats into one buffer, the copy of it, b and the
-    vectors at :data:`UPLOAD_BYTES_PER_S`)."""
-    return (BLOCK_FIXED_S + (BLOCK_TRANSPOSE_S_PER_ENTRY + BLOCK_PACK_S_PER_ENTRY) * nnz
-            + (24.0 * nnz + 48.0 * (m + n)) / UPLOAD_BYTES_PER_S)
-
-
-def iterate_in_block(m: int, n: int, nnz: int, *, on_gpu: bool,
-                     longest: Optional[Callable[[], int]] = None
-                     ) -> Optional[tuple[float, float]]:
-    """``(start, per_iteration)`` of a run that may move to one GPU thread block, or None.
-
-    None where the caller's data is on the GPU (the CuPy path keeps it there),
-    where A has fewer than :data:`BLOCK_MIN_NNZ` entries, where a block
-    iteration (:func:`block_iteration_seconds`, with ``longest()``: the
-    entries of A's longest row plus its longest column, asked for only once
-    the other tests pass) does not beat a host loop's
-    (:func:`host_iteration_seconds`) and :data:`BLOCK_MARGIN` of a CuPy path's
-    (:func:`gpu_iteration_seconds`), or where no GPU answers. Otherwise the
-    block's start (:func:`block_start_seconds`: the ski-rental budget of
-    :class:`HostFirst`) and its seconds per iteration.
-    """
-    if on_gpu or nnz < BLOCK_MIN_NNZ:
-        return None
-    host, cupy = host_iteration_seconds(m, n, nnz), BLOCK_MARGIN * gpu_iteration_seconds(m, n, nnz)
-    block = block_iteration_seconds(m, n, nnz)
-    if block >= host or block >= cupy:
-        return None
-    if longest is not None:
-        block = block_iteration_seconds(m, n, nnz, longest())
-        if block >= host or block >= cupy:
-            return None
-    if not gpu_available():
-        return None
-    return block_start_seconds(m, n, nnz), block
-
-
-def upload_seconds(m: int, n: int, nnz: int) -> float:
-    """Estimated seconds of putting an m×n host matrix with ``nnz`` entries on the GPU for the
-    iterations (CSR with 4-byte indices and 8-byte values; :data:`UPLOAD_FIXED_S`,
-    :data:`UPLOAD_BYTES_PER_S`)."""
-    return UPLOAD_FIXED_S + (12.0 * nnz + 4.0 * (m + 1)) / UPLOAD_BYTES_PER_S
-
-
-def host_first_budget(m: int, n: int, nnz: int) -> Optional[float]:
-    """Seconds a run on host data iterates on the CPU before it moves to the GPU, or None.
-
-    None where a GPU iteration does not beat a CPU one (the run stays on the
-    CPU). Otherwise one upload of A (:func:`upload_seconds`): the ski-rental
-    rule. Iterating on the CPU until the run has cost what the upload costs,
-    then moving, spends at most about twice what the better of "all on the
-    CPU" and "upload at once" would have: a run that ends first never paid
-    for the upload; one that moves paid the upload's worth once more.
-    """
-    flops = iteration_flops(m, n, nnz)     # gpu_/cpu_iteration_seconds, made once each
-    if GPU_ITERATION_S + flops / GPU_MATVEC_RATE >= CPU_ITERATION_S + flops / CPU_MATVEC_RATE:
-        return None
-    return upload_seconds(m, n, nnz)
-
-
-class HostFirst:
-    """The callback of a CPU run on host data that may move to the GPU (ski rental).
-
-    Stops the run (returns True, :attr:`moved` set) once it has iterated
-    ``budget`` seconds (:func:`host_first_budget`), not counting the time
-    ``watch`` spent analysing; until then the run is ``watch``'s
-    (:class:`Allowance`, or None: unwatched). Without ``per_iteration`` the
-    caller then runs SciPy's algorithm again from the start on the GPU (the
-    CuPy path, which takes no host state), so the answer follows SciPy's
-    iterates there as it would have without the CPU's head start.
-
-    With ``per_iteration`` (the predicted seconds per iteration ``g`` of one
-    GPU thread block, which goes on from the run's last iteration) the run
-    moves once its iterations since the first have cost ``rent`` times the
-    block's start beyond what the block would have spent on them:
-    ``Δt − Δitn·g >= rent·budget``, with ``Δt`` the seconds since the first
-    iteration (the call's own start, which a move does not save, is left out).
-    That is ski rental with the block's iterations as the price of owning,
-    the rent raised (:data:`BLOCK_RENT`) so that a run that stops right after
-    it moved still costs at most :data:`MOVE_BOUND` of SciPy's (whose
-    iterations cost :data:`HOST_LOOP_SPEEDUP` times the host's) instead of
-    twice the better choice. A run whose host iterations are not dearer than
-    the block's (``h <= g``) never moves; a long one moves after about
-    ``rent·budget / (h − g)`` iterations. The iteration that moves the
-    run (:attr:`last`) is not shown to ``watch``: a caller whose run goes on
-    with the same watcher hands it over (:meth:`Allowance.catch_up`).
-    """
-
-    def __init__(self, budget: float, watch: Optional["Allowance"] = None,
-                 per_iteration: float = 0.0, rent: float = 1.0):
-        self.budget = float(budget) * (float(rent) if per_iteration > 0 else 1.0)
-        self.watch = watch
-        self.per_iteration = float(per_iteration)
-        self.moved = False
-        self.seconds = 0.0
-        self.last = None            # the state of the iteration that moved the run
-        self._first = None          # (itn, seconds) of the first iteration seen
-        self._itn = 0               # the last iteration seen
-
-    def __call__(self, state) -> bool:
-        spent = state.seconds - (self.watch.analysis_s if self.watch is not None else 0.0)
-        self._itn = state.itn
-        if self.per_iteration > 0:
-            if self._first is None:
-                self._first = (state.itn, spent)
-            itn0, spent0 = self._first
-            saved = spent - spent0 - (state.itn - itn0) * self.per_iteration
-        else:
-            saved = spent
-        if saved >= self.budget:
-            self.moved, self.seconds, self.last = True, spent, state
-            return True
-        return bool(self.watch(state)) if self.watch is not None else False
-
-    def quiet_until(self) -> float:
-        """The run's seconds before which no iteration makes the run move or reaches
-        ``watch``'s checkpoint (the move's test at the next iteration: the block's
-        seconds for the iterations made only grow with later ones)."""
-        analysis = self.watch.analysis_s if self.watch is not None else 0.0
-        if self.per_iteration > 0:
-            if self._first is None:
-                return 0.0
-            itn0, spent0 = self._first
-            own = spent0 + (self._itn + 1 - itn0) * self.per_iteration + self.budget
-        else:
-            own = self.budget
-        own += analysis
-        return min(own, self.watch.quiet_until()) if self.watch is not None else own
-
-    def catch_up(self, states) -> None:
-        """The iterations a run did not report, for ``watch`` (:meth:`Allowance.catch_up`)."""
-        if self.watch is not None:
-            self.watch.catch_up(states)
-
-
 def lu_seconds(nnz: int) -> float:
     """Predicted seconds of SuperLU and its full-rank test on a square A with ``nnz``
     stored entries (:data:`LU_FIXED_S`, :data:`LU_S_PER_ENTRY`)."""
@@ -714,13 +301,15 @@ def needs_watching(iter_lim: int, m: int, n: int, nnz: int, *, on_gpu: bool,
 
     A CPU run whose iterations up to ``iter_lim`` cost, at the nominal
     (pessimistic) rate, no more than the analysis deferral
-    (:data:`ANALYSIS_DEFERRAL` × ``analysis``, the analysis' estimated
-    seconds) ends before any rule could stop it: it runs unwatched, without
-    the callback's cost on every iteration. The rate is :func:`host_iteration_seconds`
-    where the run is a host loop (``host_loop``), else
-    :func:`cpu_iteration_seconds`; ``per_iteration`` where given (a run in one
-    GPU thread block: :func:`block_iteration_seconds`). Other GPU runs are
-    always watched.
+    (:data:`ANALYSIS_DEFERRAL` × ``analysis``, the analysis' estimated seconds)
+    ends before any rule could stop it: it runs unwatched, without the
+    callback's cost on every iteration. The rate is
+    :func:`~scipy_gpuqr._dispatch.placement.host_iteration_seconds` where the
+    run is a host loop (``host_loop``), else
+    :func:`~scipy_gpuqr._dispatch.placement.cpu_iteration_seconds`;
+    ``per_iteration`` where given (a run in one GPU thread block:
+    :func:`~scipy_gpuqr._dispatch.placement.block_iteration_seconds`). Other
+    GPU runs are always watched.
     """
     if per_iteration is None:
         if on_gpu:
@@ -745,80 +334,6 @@ def zero_tolerances(atol: float, btol: float, conlim: float) -> Optional[str]:
         return why + (" (and conlim = 0: no condition limit)" if not (conlim > 0) else "")
     return None
 
-
-def rank_risk(conda: float, itn: int, order: int) -> bool:
-    """Whether a run's course suggests an ill-conditioned or rank-deficient matrix.
-
-    Its condition estimate ``conda`` reached :data:`RANK_RISK_COND`, or it
-    has run ``itn >=`` :data:`RANK_RISK_SHARE` × ``order`` iterations
-    (``order = min(m, n)``).
-    """
-    return conda >= RANK_RISK_COND or itn >= RANK_RISK_SHARE * order
-
-
-def rank_decision_floor(order: int) -> float:
-    """The least seconds :func:`rank_decision_seconds` predicts for an order-``order`` R
-    before the analysis says where R lies or how many entries it has: up to
-    :data:`RANK_SPARSE_MIN_ORDER` the dense rules of either device (the host's
-    cube, the GPU's square), whichever is less; beyond, 0 (the host's sparse rules'
-    cost follows R's entries, which only the analysis counts)."""
-    if order > RANK_SPARSE_MIN_ORDER:
-        return 0.0
-    q = float(order)
-    return min(RANK_S_PER_CUBE * q ** 3, RANK_GPU_S_PER_SQUARE * q * q)
-
-
-def gap_check_seconds(order: int) -> float:
-    """Predicted seconds of the gap-checked sparse COD of an order-``order`` host R whose
-    σ test runs on a GPU (:data:`GAP_GPU_S_PER_SQUARE`)."""
-    return GAP_GPU_S_PER_SQUARE * float(order) ** 2
-
-
-def subspace_seconds(order: int) -> float:
-    """Predicted seconds of the rank decision from R's small singular subspace on a GPU
-    for an order-``order`` R: :data:`SUBSPACE_GPU_S_PER_SQUARE` × order² up to
-    :data:`RANK_SPARSE_MIN_ORDER`; beyond, :data:`SUBSPACE_GPU_LARGE_S_PER_SQUARE` ×
-    order², never less than at that order."""
-    q = float(order)
-    if order <= RANK_SPARSE_MIN_ORDER:
-        return SUBSPACE_GPU_S_PER_SQUARE * q * q
-    return max(SUBSPACE_GPU_S_PER_SQUARE * float(RANK_SPARSE_MIN_ORDER) ** 2,
-               SUBSPACE_GPU_LARGE_S_PER_SQUARE * q * q)
-
-
-def host_sparse_rank_seconds(r_entries: float) -> float:
-    """Predicted seconds of the rank decision by the host's gap-checked sparse COD on a host
-    R with ``r_entries`` entries (the analysis' count) where U's pivots split at lstsq's
-    cutoff (:attr:`Allowance.rank_host`): :data:`HOST_SPARSE_RANK_S_PER_R_ENTRY` ×
-    ``r_entries``."""
-    return HOST_SPARSE_RANK_S_PER_R_ENTRY * float(r_entries)
-
-
-def rank_decision_seconds(order: int, factorization: float,
-                          r_entries: Optional[float] = None, *, device: str = "cpu") -> float:
-    """Predicted seconds of the rank decision on an order-``order`` R that is not clearly
-    of full rank: dense work, :data:`RANK_S_PER_CUBE` × order³, up to
-    :data:`RANK_DENSE_LIMIT`; beyond, one more factorization (``factorization``
-    seconds). Where R lies on the host with ``r_entries`` entries (the analysis'
-    count; None: unknown, or R on a GPU, which keeps its dense rules there)
-    beyond :data:`RANK_SPARSE_MIN_ORDER` and at most
-    :data:`RANK_SPARSE_MAX_DENSITY` of q² of them, the sparse rules come first:
-    :data:`RANK_S_PER_R_ENTRY` × ``r_entries`` where that is less.
-
-    ``device='gpu'`` (a GPU factorization's R, whose dense rules run on the
-    device): :data:`RANK_GPU_S_PER_SQUARE` × order² up to
-    :data:`RANK_SPARSE_MIN_ORDER`, :data:`RANK_GPU_S_PER_CUBE` × order³ beyond, up to
-    :data:`RANK_DENSE_LIMIT`.
-    """
-    if device == "gpu" and order <= RANK_DENSE_LIMIT:
-        q = float(order)
-        return (RANK_GPU_S_PER_SQUARE * q * q if order <= RANK_SPARSE_MIN_ORDER
-                else RANK_GPU_S_PER_CUBE * q ** 3)
-    dense = RANK_S_PER_CUBE * float(order) ** 3 if order <= RANK_DENSE_LIMIT else factorization
-    if r_entries is not None and order > RANK_SPARSE_MIN_ORDER and \
-            0 < r_entries <= RANK_SPARSE_MAX_DENSITY * float(order) ** 2:
-        return min(dense, RANK_S_PER_R_ENTRY * float(r_entries))
-    return dense
 
 
 class Allowance:
@@ -846,9 +361,9 @@ class Allowance:
         may raise MemoryError (the QR cannot fit): the run then goes on to
         SciPy's stop.
     order : int
-        ``min(m, n)`` of the matrix the QR factorizes: the order of R whose
-        rank the QR decides (:func:`rank_decision_seconds`); 0 leaves the
-        rank decision out of the prediction.
+        ``min(m, n)`` of the matrix the QR factorizes: the order of R whose rank the QR decides
+        (:func:`~scipy_gpuqr._dispatch.rank_cost.rank_decision_seconds`); 0 leaves the rank
+        decision out of the prediction.
     speculate : callable, optional
         ``speculate(planned) -> (planned, clear)``: factorize now with the
         plan, returning the plan that hands those factors to the QR, and
@@ -867,11 +382,11 @@ class Allowance:
         verdicts weigh that instead of the QR, and no analysis is made.
         Otherwise the rule goes on as without it (the LU's time is not counted
         as iterating), but where the LU showed A not of full rank
-        (``deficient``) it factorizes nothing ahead and analyses only once a
-        verdict would stop the run at :func:`rank_decision_floor`. On a host with
-        :data:`LU_AHEAD_MIN_CPUS` cores, a square with ``factor_ahead()`` is started on
-        a worker once the run has cost :data:`LU_AHEAD_SHARE` of the prediction, and
-        read at the same checkpoint. None: no LU.
+        (``deficient``) it factorizes nothing ahead and analyses only once a verdict would stop the
+        run at :func:`~scipy_gpuqr._dispatch.rank_cost.rank_decision_floor`. On a host with
+        :data:`LU_AHEAD_MIN_CPUS` cores, a square with ``factor_ahead()`` is started on a worker
+        once the run has cost :data:`LU_AHEAD_SHARE` of the prediction, and read at the same
+        checkpoint. None: no LU.
     nnz : int
         A's stored entries (the LU's prediction).
     dense_gpu : callable, optional
@@ -881,11 +396,11 @@ class Allowance:
         only after it): on the GPU where True, on the host where False (with
         ``host_sweeps``). None: U's pivots are never read.
     device_subspace : callable, optional
-        ``device_subspace(order, under) -> bool``: whether R's small singular subspace
-        on the GPU would be tried on an order-``order`` R beyond
-        :data:`RANK_SPARSE_MIN_ORDER` with about ``under`` pivots under lstsq's cutoff
-        (lstsq's ``device_subspace_takes``: its first block within the largest, R made
-        dense there within the device's memory), asked where a deficient LU that is
+        ``device_subspace(order, under) -> bool``: whether R's small singular subspace on the GPU
+        would be tried on an order-``order`` R beyond
+        :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_SPARSE_MIN_ORDER` with about ``under`` pivots
+        under lstsq's cutoff (lstsq's ``device_subspace_takes``: its first block within the
+        largest, R made dense there within the device's memory), asked where a deficient LU that is
         not singular could predict that decision (after ``dense_gpu``). None: never.
     host_sweeps : callable, optional
         ``host_sweeps() -> bool``: whether the host's compiled sparse sweeps answer
@@ -895,9 +410,9 @@ class Allowance:
         None: U's pivots are not read on such a host.
     plan_gpu : callable, optional
         ``plan_gpu() -> (M, Plan)``: the plan with the factorization on a usable GPU
-        (:data:`SUBSPACE_GPU_PLAN_REASON`), made instead of ``plan`` where that
-        prediction holds: the GPU factorization's rank decision tries R's subspace
-        there first, where a host R's gap-checked sparse COD comes before it. None:
+        (:data:`~scipy_gpuqr._dispatch.lu_route.SUBSPACE_GPU_PLAN_REASON`), made instead of
+        ``plan`` where that prediction holds: the GPU factorization's rank decision tries R's
+        subspace there first, where a host R's gap-checked sparse COD comes before it. None:
         ``plan``.
 
     Attributes
@@ -910,7 +425,7 @@ class Allowance:
         The factorization's predicted seconds, once planned.
     rank_s : float
         The rank decision's predicted seconds, weighted by :data:`RANK_PRIOR`
-        until :func:`rank_risk` holds.
+        until :func:`~scipy_gpuqr._dispatch.rank_cost.rank_risk` holds.
     plan_error : MemoryError or None
         Why the factorization cannot run, when the plan said so.
     analysis_s : float
@@ -921,17 +436,10 @@ class Allowance:
         of full rank (or SuperLU's factors may answer: ``lu_at``).
     lu_at : (int, float) or None
         The iteration and seconds at which ``square`` was factorized.
-    gap_predicted : int
-        U's pivots under the cutoff where they predict the gap-checked COD on the
-        GPU (``square.revealed_dead()``), else 0 (also once the plan dropped it).
-    subspace_predicted : bool
-        Whether U's pivots hide the deficiency (``square.hides_deficiency()``), or R lies
-        beyond :data:`RANK_SPARSE_MIN_ORDER` (``device_subspace``), and R's small singular
-        subspace on the GPU is predicted to decide its rank (False once the plan dropped
-        it).
-    large_under : int
-        U's pivots under lstsq's cutoff where the prediction beyond
-        :data:`RANK_SPARSE_MIN_ORDER` was made, else -1.
+    route : LURoute
+        What U's pivots of a deficient LU predict of the QR's rank decision
+        (:class:`~scipy_gpuqr._dispatch.lu_route.LURoute`; ``dense_gpu``,
+        ``device_subspace`` and ``host_sweeps`` are its questions).
     """
 
     def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
@@ -948,15 +456,9 @@ class Allowance:
         self._plan = plan
         self._speculate = speculate
         self._square = square
-        self._dense_gpu = dense_gpu
-        self._device_subspace = device_subspace
         self._plan_gpu = plan_gpu
-        self._host_sweeps = host_sweeps
-        self.gap_predicted = 0
-        self.large_under = -1
-        self.subspace_predicted = False
-        self.rank_host = False                    # ... the gap-checked COD on the host
-        self.gap_dropped = ""                     # why the plan dropped the prediction
+        self.route = LURoute(square, self.order, dense_gpu=dense_gpu,
+                             device_subspace=device_subspace, host_sweeps=host_sweeps)
         self.lu_s = lu_seconds(nnz) if square is not None else math.inf
         self.lu_at: Optional[tuple] = None
         # the run's seconds at which the LU starts on a worker (None: it does not)
@@ -994,7 +496,7 @@ class Allowance:
     @property
     def qr_seconds(self) -> Optional[float]:
         """The QR's predicted seconds: factorization and solve, plus the rank decision
-        where :func:`rank_risk` held; None before the plan."""
+        where :func:`~scipy_gpuqr._dispatch.rank_cost.rank_risk` held; None before the plan."""
         return None if self.predicted is None else self.predicted + self.rank_s
 
     @property
@@ -1014,11 +516,7 @@ class Allowance:
         t = seconds - self.analysis_s
         if self._ahead_at is not None and t >= self._ahead_at:
             self._ahead_at = None
-            # U's pivots read ahead only where the rule may read them (:meth:`_predicts_gap`
-            # less its question to dense_gpu, asked later where it counts)
-            self._square.factor_ahead(readings=self._dense_gpu is not None and (
-                GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER or
-                (self.order > RANK_SPARSE_MIN_ORDER and self._device_subspace is not None)))
+            self._square.factor_ahead(readings=self.route.reads_ahead())
         if t < self.next_check:             # most iterations: nothing more to do
             return False
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
@@ -1063,7 +561,7 @@ class Allowance:
                 # the LU comes first (where it may answer, no analysis is needed) while
                 # the run's projection keeps promising convergence within its time
                 return self._confirm("", "")
-            if self._lu_deficient and not self._predicted_route and \
+            if self._lu_deficient and not self.route.holds and \
                     not self._stops_at_floor(itn, t, further, per_iteration, remaining):
                 return self._confirm("", "")
             # analysing early pays only by stopping before iter_lim: not where the
@@ -1074,21 +572,18 @@ class Allowance:
             # more than its factorization, and where U's pivots predict the GPU's
             # gap-checked COD or subspace decision little more: analysed without the
             # deferral
-            if not past_limit and not self._lu_singular and not self._predicted_route and \
+            if not past_limit and not self._lu_singular and not self.route.holds and \
                     t < self.deferral and (remaining is None or t + remaining <= self.deferral):
                 return self._confirm("", "")
             self._analyse(itn, t)
-            if self._predicted_route:
-                self._keep_prediction()
+            if self.route.holds:
+                self.route.keep(self.planned, self.rank_device, self.r_entries)
         if self.plan_error is not None:         # the QR cannot run: SciPy's run goes on
             self.next_check = math.inf
             return False
-        if self.rank_host:
-            self.rank_s = host_sparse_rank_seconds(self.r_entries)
-        elif self.gap_predicted:
-            self.rank_s = gap_check_seconds(self.order)
-        elif self.subspace_predicted:
-            self.rank_s = subspace_seconds(self.order)
+        routed = self.route.rank_seconds(self.r_entries)
+        if routed is not None:
+            self.rank_s = routed
         elif self.order and not self.speculated:
             self.rank_s = rank_decision_seconds(self.order, self.predicted, self.r_entries,
                                                 device=self.rank_device) * \
@@ -1119,19 +614,10 @@ class Allowance:
                                  f"({self._lasting(further) * per_iteration:.3g} s) cost more "
                                  f"than {SWITCH_MARGIN:g} x the QR's predicted {q:.3g} s")
         promised = further if self.trend is None else self.trend
-        if self._predicted_route and (promised is None or
-                                      promised * per_iteration > PREDICTED_SHARE * q):
-            where = "on the host" if self.rank_host else "on the GPU"
-            shown = (f"SuperLU's U shows {self.gap_predicted} pivots under lstsq's cutoff and "
-                     f"the rest clearly above: the QR's rank decision predicted as the "
-                     f"gap-checked COD {where}" if self.gap_predicted else
-                     f"SuperLU's factors are deficient ({self.large_under} of U's pivots under "
-                     f"lstsq's cutoff) and R beyond lstsq's DENSE_LIMIT: the QR's rank "
-                     f"decision predicted as R's small singular subspace on the GPU"
-                     if self._large_route else
-                     "SuperLU's factors are deficient and U's pivots hide it: the QR's rank "
-                     "decision predicted as R's small singular subspace on the GPU")
-            return self._confirm("predicted", f"{shown} (the QR's predicted {q:.3g} s), and "
+        if self.route.holds and (promised is None or
+                                 promised * per_iteration > PREDICTED_SHARE * q):
+            return self._confirm("predicted", f"{self.route.shown()} (the QR's predicted "
+                                 f"{q:.3g} s), and "
                                  f"the run's trend does not promise convergence within "
                                  f"{PREDICTED_SHARE:g} x that", needed=PREDICTED_CONFIRMATIONS)
         if self.speculated and t - self.speculated_at >= q:
@@ -1165,18 +651,19 @@ class Allowance:
 
     def _stops_at_floor(self, itn: int, t: float, further, per_iteration: float,
                         remaining) -> bool:
-        """Whether a verdict of :meth:`decide` would stop the run if the QR cost only its
-        rank decision's floor (:func:`rank_decision_floor`, weighted as :attr:`rank_s`
-        is): where none would, no QR time the analysis could predict would either."""
+        """Whether a verdict of :meth:`decide` would stop the run if the QR cost only its rank
+        decision's floor (:func:`~scipy_gpuqr._dispatch.rank_cost.rank_decision_floor`, weighted as
+        :attr:`rank_s` is): where none would, no QR time the analysis could predict would
+        either."""
         floor = self._floor()
         if self._would_stop(itn, t, further, per_iteration, remaining, floor):
             return True
         return t >= ALLOWANCE_SHARE * floor and (further is None or remaining > floor)
 
     def _floor(self) -> float:
-        """The rank decision's floor (:func:`rank_decision_floor`, weighted as
-        :attr:`rank_s` is), 0 where SuperLU found A exactly singular and R's order
-        lets the host's null-space COD decide (:attr:`_lu_singular`)."""
+        """The rank decision's floor (:func:`~scipy_gpuqr._dispatch.rank_cost.rank_decision_floor`,
+        weighted as :attr:`rank_s` is), 0 where SuperLU found A exactly singular and R's order lets
+        the host's null-space COD decide (:attr:`_lu_singular`)."""
         if self._lu_singular:
             return 0.0
         return rank_decision_floor(self.order) * (1.0 if self.at_risk else RANK_PRIOR)
@@ -1244,11 +731,11 @@ class Allowance:
 
     @property
     def _lu_singular(self) -> bool:
-        """SuperLU's factorization found A exactly singular (``square.singular``) and
-        R's order is one whose rank the host's null-space COD may decide
-        (:data:`RANK_NULLSPACE_MIN_ORDER`): a factorization ahead may show R's
-        dependent columns as a few tiny pivots, whose rank decision costs a few
-        solves (``speculate``'s ``clear``)."""
+        """SuperLU's factorization found A exactly singular (``square.singular``) and R's order is
+        one whose rank the host's null-space COD may decide
+        (:data:`~scipy_gpuqr._dispatch.rank_cost.RANK_NULLSPACE_MIN_ORDER`): a factorization ahead
+        may show R's dependent columns as a few tiny pivots, whose rank decision costs a few solves
+        (``speculate``'s ``clear``)."""
         return self._lu_deficient and bool(self._square.singular) and \
             RANK_NULLSPACE_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER
 
@@ -1268,113 +755,13 @@ class Allowance:
         self.lu_at = (itn, t)
         if self._square.deficient:
             self.at_risk = True         # the rank decision is dense work: shown, not guessed
-            reads = self._reads_pivots()
-            gpu = reads and bool(self._dense_gpu())
-            if gpu:
-                self.gap_predicted = self._square.revealed_dead()
-                self.subspace_predicted = (not self.gap_predicted and
-                                           bool(self._square.hides_deficiency()))
-            elif reads and self._host_sweeps is not None:
-                # no GPU for the dense work: U's pivots that split predict the host's
-                # gap-checked sparse COD, where its σ test runs on R11's compiled sweeps
-                dead = self._square.revealed_dead()
-                if dead and self._host_sweeps():
-                    self.gap_predicted, self.rank_host = dead, True
-                elif dead:
-                    self.gap_dropped = "the host's compiled sweeps not at hand"
-            elif self._predicts_large_subspace():
-                self.subspace_predicted = True
+            self.route.read()
         self.analysis_s += time.perf_counter() - t0
         if clear:
             self.speculated, self.speculated_at, self.speculation_s = True, t, spent
             self.rank_s = 0.0
             # a solve and the residual's products: a small share of the factorization
             self.predicted = max(0.05 * spent, CHECK_INTERVAL_S)
-
-    def _reads_pivots(self) -> bool:
-        """Whether U's pivots may be worth reading (:attr:`gap_predicted`,
-        :attr:`subspace_predicted`): a deficient LU that is not singular, R's order from
-        :data:`GAP_GPU_MIN_ORDER` to :data:`RANK_SPARSE_MIN_ORDER` (where the gap-checked
-        COD's σ test runs on the GPU, or the host's sparse COD comes before its dense
-        rules), and the GPU's question given (``dense_gpu``, asked after this: a GPU for
-        the dense rank work, else the host's, read where ``host_sweeps`` is given)."""
-        return (self._dense_gpu is not None and not self._square.singular and
-                GAP_GPU_MIN_ORDER <= self.order <= RANK_SPARSE_MIN_ORDER)
-
-    def _predicts_large_subspace(self) -> bool:
-        """Whether R's small singular subspace on the GPU is predicted to decide the rank of
-        an R beyond :data:`RANK_SPARSE_MIN_ORDER` (lstsq's ``DENSE_LIMIT``): a deficient LU
-        that is not singular (an exactly singular one leaves pivots at rounding, whose
-        solves the subspace refuses), a GPU for the dense rank work (``dense_gpu``), and
-        ``device_subspace`` with the count of U's pivots under the cutoff
-        (``square.pivots_under_cutoff()``, recorded in :attr:`large_under`). There that
-        decision costs a few block solves with R made dense on the device
-        (:func:`subspace_seconds`), not the dense COD's q³ nor R's entries' sparse rules."""
-        if self._device_subspace is None or self._dense_gpu is None or \
-                self._square.singular or self.order <= RANK_SPARSE_MIN_ORDER or \
-                not self._dense_gpu():
-            return False
-        under = int(self._square.pivots_under_cutoff())
-        if not self._device_subspace(self.order, under):
-            return False
-        self.large_under = under
-        return True
-
-    @property
-    def _large_route(self) -> bool:
-        """The subspace prediction beyond :data:`RANK_SPARSE_MIN_ORDER` holds."""
-        return self.subspace_predicted and self.large_under >= 0
-
-    @property
-    def _predicted_route(self) -> bool:
-        """Whether U's pivots predict the QR's rank decision (the gap-checked COD or R's
-        small singular subspace on the GPU, or the gap-checked COD on the host where
-        :attr:`rank_host`)."""
-        return bool(self.gap_predicted) or self.subspace_predicted
-
-    def _keep_prediction(self) -> None:
-        """Drop :attr:`gap_predicted` where the plan would not run the gap-checked COD
-        with its σ test on the GPU: the factorization on the GPU (whose factorizer that
-        COD would use), no GPU seen by the plan, R11 below :data:`GAP_GPU_MIN_ORDER`, or
-        R (the analysis' count) denser than :data:`RANK_SPARSE_MAX_DENSITY`; drop
-        :attr:`subspace_predicted` where the plan saw no GPU (a GPU factorization keeps
-        it: R's dense work runs there; beyond :data:`RANK_SPARSE_MIN_ORDER` a host R's too,
-        after its gap-checked sparse COD). The host's gap-checked COD
-        (:attr:`rank_host`) is dropped where the plan factorizes on the GPU or did not
-        count R's entries, or R is denser than :data:`RANK_SPARSE_MAX_DENSITY` (lstsq's
-        sparse COD is not tried there, and the prediction follows R's entries)."""
-        if self.rank_host:
-            why = ("no plan" if self.planned is None else
-                   "the plan factorizes on the GPU" if self.rank_device != "cpu" else
-                   "R's entries not counted" if self.r_entries is None else
-                   "R too dense for the sparse COD"
-                   if self.r_entries > RANK_SPARSE_MAX_DENSITY * float(self.order) ** 2
-                   else "")
-            if why:
-                self.gap_predicted, self.subspace_predicted = 0, False
-                self.rank_host, self.gap_dropped = False, why
-            return
-        if self.subspace_predicted:
-            why = ("no plan" if self.planned is None else
-                   "the plan saw no GPU" if getattr(self.planned[1], "gpu_name", None) is None
-                   else "")
-            if why:
-                self.subspace_predicted, self.gap_dropped = False, why
-            return
-        if self.planned is None:
-            why = "no plan"
-        elif self.rank_device != "cpu":
-            why = "the plan factorizes on the GPU"
-        elif getattr(self.planned[1], "gpu_name", None) is None:
-            why = "the plan saw no GPU"
-        elif self.order - self.gap_predicted < GAP_GPU_MIN_ORDER:
-            why = "R11 too small for the GPU's σ test"
-        elif self.r_entries is not None and \
-                self.r_entries > RANK_SPARSE_MAX_DENSITY * float(self.order) ** 2:
-            why = "R too dense for the sparse COD"
-        else:
-            return
-        self.gap_predicted, self.gap_dropped = 0, why
 
     def _confirm(self, kind: str, reason: str, needed: Optional[int] = None) -> bool:
         """Stop once verdict ``kind`` held at ``needed`` (default :data:`CONFIRMATIONS`)
@@ -1389,7 +776,7 @@ class Allowance:
 
     def _analyse(self, itn: int, t: float) -> None:
         t0 = time.perf_counter()
-        make = self._plan_gpu if self._large_route and self._plan_gpu is not None \
+        make = self._plan_gpu if self.route.large and self._plan_gpu is not None \
             else self._plan
         try:
             self.planned = make()
@@ -1553,19 +940,9 @@ class Allowance:
                          f"prediction {self.lu_s:.3g} s) in {self._square.seconds:.3g} s: "
                          + (f"A {self._square.why}" if self._square.clear
                             else f"not used ({self._square.why})"))
-            where = "on the host" if self.rank_host else "on the GPU"
-            if self.gap_predicted:
-                parts.append(f"U's pivots: {self.gap_predicted} under lstsq's cutoff, the "
-                             f"rest clearly above (the gap-checked COD {where} predicted)")
-            elif self._large_route:
-                parts.append(f"{self.large_under} of U's pivots under lstsq's cutoff, R beyond "
-                             f"DENSE_LIMIT (R's small singular subspace on the GPU predicted)")
-            elif self.subspace_predicted:
-                parts.append("U's pivots hide the deficiency (R's small singular subspace on "
-                             "the GPU predicted)")
-            elif self.gap_dropped:
-                parts.append(f"U's pivots predicted the QR's rank decision; "
-                             f"dropped: {self.gap_dropped}")
+            route = self.route.summary()
+            if route:
+                parts.append(route)
         if self.predicted is not None and self.analysed_at is not None:
             itn, t = self.analysed_at
             parts.append(f"analysed after {itn} iterations ({t:.3g} s) in "

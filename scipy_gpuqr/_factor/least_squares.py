@@ -28,9 +28,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import (CONVERGED, SUBSPACE_GPU_PLAN_REASON, Allowance,
-                                       analysis_seconds, iterate_on_gpu, needs_watching,
+from .._dispatch.iterate_first import (CONVERGED, Allowance, analysis_seconds, needs_watching,
                                        zero_tolerances)
+from .._dispatch.lu_route import SUBSPACE_GPU_PLAN_REASON
+from .._dispatch.placement import iterate_on_gpu
 from .._gpu import gpu_available, import_cupy, is_cupy_array, is_cupy_sparse
 from .._iterative import lsmr as iterative_lsmr
 from .._iterative import lsqr as iterative_lsqr
@@ -277,7 +278,7 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
 
     Our LSQR/LSMR (:mod:`scipy_gpuqr._iterative`) runs with the caller's
     arguments on the caller's own matrix: on the CPU its result is SciPy's
-    bit for bit; on a GPU (:func:`~scipy_gpuqr._dispatch.iterate_first.iterate_on_gpu`)
+    bit for bit; on a GPU (:func:`~scipy_gpuqr._dispatch.placement.iterate_on_gpu`)
     over CuPy. Its tuple is the answer when SciPy's convergence tests stop
     it (or the start is already exact, or the QR cannot run at all).
 

@@ -50,7 +50,8 @@ import math
 import threading
 from typing import Callable, NamedTuple, Optional
 
-from .._dispatch.iterate_first import LU_AHEAD_MIN_CPUS, host_iteration_seconds
+from .._dispatch.iterate_first import LU_AHEAD_MIN_CPUS
+from .._dispatch.placement import host_iteration_seconds
 from .._schedule.native import usable_cpus
 from .factored import plan_for
 from .least_squares import LstsqAnswer, LstsqStart, solve_least_squares, start_problem
@@ -67,7 +68,7 @@ QR_AHEAD_MIN_CPUS = LU_AHEAD_MIN_CPUS
 #: too); a stalled run's QR starts this share of the run late.
 QR_AHEAD_SHARE = 0.25
 #: Least nominal seconds of a run to its limit (``iter_lim`` iterations at
-#: :func:`~scipy_gpuqr._dispatch.iterate_first.host_iteration_seconds`) for the QR ahead:
+#: :func:`~scipy_gpuqr._dispatch.placement.host_iteration_seconds`) for the QR ahead:
 #: a shorter run could hide little of the QR behind it, and the callback that starts the
 #: worker (a C callback and a report) costs tens of microseconds.
 QR_AHEAD_MIN_RUN_S = 1e-3

@@ -37,11 +37,11 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .._dispatch.iterate_first import (BLOCK_MIN_NNZ, BLOCK_RENT, CLEAR_DEAD_PIVOTS,
-                                       CLEAR_FULL_RANK, SUBSPACE_GPU_PLAN_REASON, Allowance,
-                                       HostFirst,
-                                       analysis_seconds, cpu_iteration_seconds,
-                                       host_first_budget, iterate_in_block, needs_watching)
+from .._dispatch.iterate_first import (CLEAR_DEAD_PIVOTS, CLEAR_FULL_RANK, Allowance,
+                                       analysis_seconds, needs_watching)
+from .._dispatch.lu_route import SUBSPACE_GPU_PLAN_REASON
+from .._dispatch.placement import (BLOCK_MIN_NNZ, BLOCK_RENT, HostFirst, cpu_iteration_seconds,
+                                   host_first_budget, iterate_in_block)
 from .._gpu import gpu_available
 from .._iterative.block import block_lsmr, block_lsqr
 from .._iterative._common import format_kernels
@@ -196,7 +196,7 @@ def _checked_problem(A, b: np.ndarray, m: int, n: int, nnz: int) -> LeastSquares
                                b=b.astype(np.float64), b_dtype=_F64, x0=None, damp=0.0)
 
 
-#: :data:`~scipy_gpuqr._dispatch.iterate_first.BLOCK_RENT` as the decision log writes it.
+#: :data:`~scipy_gpuqr._dispatch.placement.BLOCK_RENT` as the decision log writes it.
 _RENT_TEXT = f"{BLOCK_RENT:.2g}"
 
 
@@ -233,10 +233,10 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
     limit leave nothing to iterate, or when the run moved to the GPU: where
     a GPU iteration beats a CPU one and a GPU answers, the run starts on the
     CPU and stops once it has cost one upload of A
-    (:class:`~scipy_gpuqr._dispatch.iterate_first.HostFirst`); the general
+    (:class:`~scipy_gpuqr._dispatch.placement.HostFirst`); the general
     path then runs SciPy's algorithm from the start on the GPU. Where one GPU
     thread block suits the problem better
-    (:func:`~scipy_gpuqr._dispatch.iterate_first.iterate_in_block`), the run
+    (:func:`~scipy_gpuqr._dispatch.placement.iterate_in_block`), the run
     moves there instead once its CPU iterations have cost the block's start
     beyond the block's own seconds for them, goes on there from its last
     iteration (the host loop's state handed on:

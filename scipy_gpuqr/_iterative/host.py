@@ -502,7 +502,8 @@ def _reporter(run: _Run, x: np.ndarray, rec: np.ndarray, failed: list):
     raised kept in ``failed``.
 
     A callback with ``quiet_until()`` and ``catch_up(states)`` (auto's rule:
-    :class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`, ``HostFirst``) is
+    :class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`,
+    :class:`~scipy_gpuqr._dispatch.placement.HostFirst`) is
     asked, after each report, for the run's seconds before which no iteration
     could make it act; the run then iterates unreported for
     :data:`GATE_SHARE` of that time at the fastest seconds per iteration seen
