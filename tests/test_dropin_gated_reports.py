@@ -23,13 +23,14 @@ from conftest import TEST_MATRICES
 from scipy_gpuqr import lsmr, lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._dispatch import iterate_first as policy
+from scipy_gpuqr._dispatch import projection
 from scipy_gpuqr._dispatch.iterate_first import Allowance
 from scipy_gpuqr._dispatch.placement import BLOCK_RENT, HostFirst
 from scipy_gpuqr._iterative import native
 from scipy_gpuqr._iterative._common import IterationState
 from scipy_gpuqr.io import mmread
 
-WINDOW = policy.PROJECTION_WINDOW
+WINDOW = projection.PROJECTION_WINDOW
 
 
 def _state(itn, seconds, test1, test2=1.0, rtol=1e-6, conda=10.0):
@@ -102,7 +103,7 @@ def test_allowance_catch_up_keeps_the_history_as_calls_would():
     b(states[0])
     b.catch_up(states[1:-1])
     b(states[-1])
-    assert list(a.history) == list(b.history)
+    assert list(a.projector.history) == list(b.projector.history)
     assert b.fastest == states[-1].seconds - states[0].seconds     # of reported iterations
     assert b.quiet_until() == b.next_check + b.analysis_s
 

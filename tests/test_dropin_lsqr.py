@@ -26,7 +26,7 @@ import scipy.sparse.linalg as sla
 from scipy_gpuqr import GpuqrOptions, lsmr, lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch import placement
+from scipy_gpuqr._dispatch import placement, projection
 from scipy_gpuqr._dispatch.iterate_first import Allowance, zero_tolerances
 from scipy_gpuqr._dispatch.placement import iterate_on_gpu
 from scipy_gpuqr.io import mmread
@@ -480,7 +480,7 @@ def test_allowance_stops_at_projected_iteration_limit(monkeypatch):
     watch = Allowance(iter_lim=100, atol=1e-6, conlim=1e8, analysis=1e-3,
                       plan=lambda: (None, _Plan(1e6)))
     stopped = _feed(watch, states)
-    assert stopped is not None and stopped >= policy.PROJECTION_WINDOW
+    assert stopped is not None and stopped >= projection.PROJECTION_WINDOW
     assert "exceed iter_lim 100" in watch.reason
     # about 30 % past iter_lim 500, the QR predicted at 10 s: SciPy's run goes on
     monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu: 10.0)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from scipy_gpuqr._dispatch import iterate_first as policy
-from scipy_gpuqr._dispatch import rank_cost
+from scipy_gpuqr._dispatch import projection, rank_cost
 from scipy_gpuqr._dispatch.iterate_first import Allowance, analysis_seconds
 from scipy_gpuqr._dispatch.placement import iteration_flops
 from scipy_gpuqr._dispatch.rank_cost import rank_decision_seconds, rank_risk
@@ -281,7 +281,7 @@ def test_the_trend_stops_no_stalling_run_later(histories, nominal, monkeypatch):
     in every model either way (test_rajat01s_broken_promises_stop_it_in_every_model)."""
     keys = [k for k in _keys(histories) if int(histories[k + ".meta"][3]) == 7]
     with_trend = {key: stops_over_clock_models(histories, key) for key in keys}
-    monkeypatch.setattr(Allowance, "_lasting", lambda self, further: further)
+    monkeypatch.setattr(projection.Projector, "lasting", lambda self, further: further)
     stopped = 0
     for key in keys:
         alone = stops_over_clock_models(histories, key)
@@ -302,7 +302,7 @@ PREDICTION_SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 def _without_power(monkeypatch):
     """The rule as it was before broken promises brought in the power trend."""
-    monkeypatch.setattr(policy, "BROKEN_PROMISES", math.inf)
+    monkeypatch.setattr(projection, "BROKEN_PROMISES", math.inf)
 
 
 def test_rajat01s_broken_promises_stop_it_in_every_model(histories, nominal, monkeypatch):
@@ -352,14 +352,14 @@ def test_a_promise_breaks_after_twice_its_iterations():
     PROMISE_SLACK x (i + f) iterations; one kept is not counted."""
     watch = Allowance(iter_lim=10 ** 4, atol=1e-6, conlim=1e8, analysis=1.0,
                       plan=lambda: (None, _Plan(1e6)), order=100)
-    watch._keep_promises(100, 50)       # promised by 150: broken after 300
-    watch._keep_promises(200, 400)      # promised by 600: broken after 1200
-    watch._keep_promises(300, None)
-    assert watch.broken == 0
-    watch._keep_promises(301, 10)
-    assert watch.broken == 1 and [p for p, _ in watch._promises] == [200, 301]
-    watch._keep_promises(1201, None)
-    assert watch.broken == 3 and watch._promises == []
+    watch.projector._keep_promises(100, 50)       # promised by 150: broken after 300
+    watch.projector._keep_promises(200, 400)      # promised by 600: broken after 1200
+    watch.projector._keep_promises(300, None)
+    assert watch.projector.broken == 0
+    watch.projector._keep_promises(301, 10)
+    assert watch.projector.broken == 1 and [p for p, _ in watch.projector._promises] == [200, 301]
+    watch.projector._keep_promises(1201, None)
+    assert watch.projector.broken == 3 and watch.projector._promises == []
 
 
 def test_a_power_law_stall_is_stopped_and_a_late_speed_up_is_not(monkeypatch):
@@ -385,7 +385,7 @@ def test_a_power_law_stall_is_stopped_and_a_late_speed_up_is_not(monkeypatch):
     power = lambda k: 1e3 * k ** -0.8      # noqa: E731
     stopped, watch = run(power)
     assert stopped is not None and stopped < 1000, watch.summary()
-    assert "power of itn" in watch.reason and watch.broken >= policy.BROKEN_PROMISES
+    assert "power of itn" in watch.reason and watch.projector.broken >= projection.BROKEN_PROMISES
     late = lambda k: power(k) if k <= 300 else power(300) * 10 ** (-(k - 300) / 60)  # noqa
     assert run(late)[0] is None
     _without_power(monkeypatch)

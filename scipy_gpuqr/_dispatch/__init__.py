@@ -10,6 +10,9 @@ iterate_first
     ``auto``'s rule for least squares: when SciPy's iterations (run with the
     caller's arguments) answer, and when the sparse QR takes over
     (:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`, the run's watcher).
+projection
+    The iterations a watched run still needs (``Projector``: the window's
+    projection of SciPy's tolerance tests and the long trend).
 placement
     Where those iterations run (the CPU, a GPU through CuPy, one GPU thread
     block), what one costs there, and the move from the host (``HostFirst``).

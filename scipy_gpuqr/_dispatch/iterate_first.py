@@ -17,16 +17,17 @@ would not converge or would cost more than the factorization:
 
 Cost
 ----
-The aim is that ``auto`` costs at most about 1.1 times the better of
-"iterate to SciPy's stop" and "factorize". The run is watched through the
-solvers' per-iteration callback (:class:`Allowance`), which measures the
-seconds per iteration and projects the iterations still needed from the
-trend of SciPy's two tolerance tests over the last
-:data:`PROJECTION_WINDOW` iterations (and the growth of the condition
-estimate towards ``conlim``). The projection is a straight line through a
-quantity that often bends (LSQR and LSMR speed up late, or plateau for a
-while), and the QR's predicted time leaves out what only the factorization
-shows; so the rule leaves SciPy's run alone unless the evidence is clear:
+The aim is that ``auto`` costs at most about 1.1 times the better of "iterate
+to SciPy's stop" and "factorize". The run is watched through the solvers'
+per-iteration callback (:class:`Allowance`), which measures the seconds per
+iteration and projects the iterations still needed from the trend of SciPy's
+two tolerance tests over the last
+:data:`~scipy_gpuqr._dispatch.projection.PROJECTION_WINDOW` iterations (and the
+growth of the condition estimate towards ``conlim``). The projection is a
+straight line through a quantity that often bends (LSQR and LSMR speed up late,
+or plateau for a while), and the QR's predicted time leaves out what only the
+factorization shows; so the rule leaves SciPy's run alone unless the evidence
+is clear:
 
 1. Before the symbolic analysis (which the factorization needs anyway, and
    which the prediction needs) the run goes on while its projected total
@@ -57,23 +58,25 @@ shows; so the rule leaves SciPy's run alone unless the evidence is clear:
 3. SciPy's run stops only on a verdict that holds at
    :data:`CONFIRMATIONS` checkpoints in a row:
 
-   * its projection passes ``iter_lim`` and the iterations to ``iter_lim``
-     cost more than Q (going on would cost more than the QR if the
-     projection is right; projections past ``iter_lim``, even twice past
-     it, were seen on runs that converged well before it). Once the
-     window's projections have broken :data:`BROKEN_PROMISES` promises
-     (:meth:`Allowance._keep_promises`: convergence promised by iteration
-     ``N``, not there at :data:`PROMISE_SLACK` × ``N``), the projection is
-     the later of the window's and the long trend's on log(itn) (the tests
-     falling as a power of the iteration count, as they do on rajat01 to
-     ``iter_lim``) where that passes ``iter_lim`` by :data:`POWER_MARGIN`;
+   * its projection passes ``iter_lim`` and the iterations to ``iter_lim`` cost
+     more than Q (going on would cost more than the QR if the projection is
+     right; projections past ``iter_lim``, even twice past it, were seen on
+     runs that converged well before it). Once the window's projections have
+     broken :data:`~scipy_gpuqr._dispatch.projection.BROKEN_PROMISES` promises
+     (:meth:`~scipy_gpuqr._dispatch.projection.Projector._keep_promises`:
+     convergence promised by iteration ``N``, not there at
+     :data:`~scipy_gpuqr._dispatch.projection.PROMISE_SLACK` × ``N``), the
+     projection is the later of the window's and the long trend's on log(itn)
+     (the tests falling as a power of the iteration count, as they do on
+     rajat01 to ``iter_lim``) where that passes ``iter_lim`` by
+     :data:`~scipy_gpuqr._dispatch.projection.POWER_MARGIN`;
    * its condition estimate projects past ``conlim`` before convergence;
-   * the projected remaining iterations cost more than
-     :data:`SWITCH_MARGIN` × Q (the margin covers the prediction's error),
-     and so do those of the long trend where it projects SciPy's stop
-     before ``iter_lim`` (:meth:`Allowance._trend`: the line through the
-     window's mean values now and at half the iterations, which one window's
-     noise does not move);
+   * the projected remaining iterations cost more than :data:`SWITCH_MARGIN` ×
+     Q (the margin covers the prediction's error), and so do those of the long
+     trend where it projects SciPy's stop before ``iter_lim``
+     (:meth:`~scipy_gpuqr._dispatch.projection.Projector._trend`: the line
+     through the window's mean values now and at half the iterations, which one
+     window's noise does not move);
    * its tests have not fallen over a whole window (no projection) and it
      has spent Q (:data:`STALL_SHARE` × Q);
    * it has spent :data:`ALLOWANCE_SHARE` × Q and its projection does not
@@ -143,15 +146,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from typing import Callable, Optional
-
-import numpy as np
 
 from .._schedule.native import usable_cpus
 from .cost_model import predicted_seconds
 from .lu_route import LURoute
 from .placement import cpu_iteration_seconds, host_iteration_seconds
+from .projection import PROJECTION_WINDOW, Projector
 from .rank_cost import (RANK_NULLSPACE_MIN_ORDER, RANK_NULLSPACE_S_PER_SQUARE,
                         RANK_SPARSE_MIN_ORDER, rank_decision_floor, rank_decision_seconds,
                         rank_risk)
@@ -161,11 +162,8 @@ __all__ = ["SPECULATION_S_PER_ENTRY", "SPECULATION_MARGIN", "LU_FIXED_S", "LU_S_
            "ANALYSIS_S_PER_LINE", "ANALYSIS_S_PER_ENTRY", "ANALYSIS_DEFERRAL", "STALL_SHARE",
            "ALLOWANCE_SHARE", "SWITCH_MARGIN", "ITER_LIM_MARGIN", "CONFIRMATIONS",
            "PREDICTED_CONFIRMATIONS", "RANK_PRIOR", "PREDICTED_SHARE", "CLEAR_FULL_RANK",
-           "CLEAR_DEAD_PIVOTS", "PROMISE_SLACK", "BROKEN_PROMISES", "POWER_MARGIN",
-           "PROJECTION_WINDOW", "CHECK_GROWTH", "CHECK_INTERVAL_S", "CONVERGED", "lu_seconds",
+           "CLEAR_DEAD_PIVOTS", "CHECK_GROWTH", "CHECK_INTERVAL_S", "CONVERGED", "lu_seconds",
            "analysis_seconds", "needs_watching", "zero_tolerances", "Allowance"]
-
-_EPS = float(np.finfo(np.float64).eps)
 
 #: Seconds per entry of an order-q R (q² of them) of the cheap full-rank tests a
 #: speculative factorization makes (R made dense, LAPACK's triangular
@@ -238,11 +236,11 @@ PREDICTED_CONFIRMATIONS = 1
 #: more than iterating on a stalling one a little longer.
 RANK_PRIOR = 0.1
 #: Where U's pivots predict the gap-checked COD, the run stops unless its long trend
-#: (:meth:`Allowance._trend`; the window's projection before there is one, whose
-#: flicker would keep the verdict from being confirmed) promises convergence within
-#: this share of the QR's predicted time. LSQR's projections on such matrices promise
-#: far too soon (adder_dcop_05 at 410 iterations: 390 more by the trend, 1530 in
-#: fact); a run that does converge that soon costs at most the QR's time more.
+#: (:meth:`~scipy_gpuqr._dispatch.projection.Projector._trend`; the window's projection before
+#: there is one, whose flicker would keep the verdict from being confirmed) promises convergence
+#: within this share of the QR's predicted time. LSQR's projections on such matrices promise far
+#: too soon (adder_dcop_05 at 410 iterations: 390 more by the trend, 1530 in fact); a run that does
+#: converge that soon costs at most the QR's time more.
 PREDICTED_SHARE = 0.1
 
 #: ``speculate``'s answers where R's rank decision costs no dense work: R is
@@ -251,27 +249,6 @@ PREDICTED_SHARE = 0.1
 #: :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_NULLSPACE_S_PER_SQUARE`).
 CLEAR_FULL_RANK = "R clearly of full rank"
 CLEAR_DEAD_PIVOTS = "R of a few dead pivots (the null-space COD)"
-#: A projection at iteration ``i`` of ``f`` more iterations promised SciPy's
-#: stop by ``i + f``; the promise is broken once the run passes this many
-#: times ``i + f`` without it ...
-PROMISE_SLACK = 2.0
-#: ... and once this many are broken, the iter_lim verdict weighs the long
-#: trend as a power of the iteration count where that is later
-#: (:meth:`Allowance._beyond`) ...
-BROKEN_PROMISES = 2
-#: ... and passes ``iter_lim`` by this factor: converging runs that broke
-#: promises had power trends up to 1.04 × ``iter_lim`` (reorientation_1),
-#: rajat01's (which ends at ``iter_lim``) 1.25-2.5 ×.
-POWER_MARGIN = 1.25
-#: Iterations of test history a projection is fitted to (and the fewest
-#: after which a projection is trusted).
-PROJECTION_WINDOW = 20
-#: The least-squares slope of values at PROJECTION_WINDOW consecutive
-#: iterations is the sum of the values times these weights.
-_SLOPE_WEIGHTS = tuple((k - (PROJECTION_WINDOW - 1) / 2)
-                       / sum((j - (PROJECTION_WINDOW - 1) / 2) ** 2
-                             for j in range(PROJECTION_WINDOW))
-                       for k in range(PROJECTION_WINDOW))
 #: Checkpoints follow each other after this share of the elapsed time ...
 CHECK_GROWTH = 0.1
 #: ... and at least this many seconds apart.
@@ -436,6 +413,9 @@ class Allowance:
         of full rank (or SuperLU's factors may answer: ``lu_at``).
     lu_at : (int, float) or None
         The iteration and seconds at which ``square`` was factorized.
+    projector : Projector
+        The run's course: its last iterations, the window's projection and the long
+        trend (:class:`~scipy_gpuqr._dispatch.projection.Projector`).
     route : LURoute
         What U's pivots of a deficient LU predict of the QR's rank decision
         (:class:`~scipy_gpuqr._dispatch.lu_route.LURoute`; ``dense_gpu``,
@@ -448,8 +428,7 @@ class Allowance:
                  device_subspace: Optional[Callable] = None,
                  plan_gpu: Optional[Callable] = None, host_sweeps: Optional[Callable] = None):
         self.iter_lim = int(iter_lim)
-        self.log_atol = math.log(max(float(atol), _EPS))
-        self.log_conlim = math.log(conlim) if conlim > 0 else None
+        self.projector = Projector(iter_lim, atol, conlim)
         self.analysis_estimate = float(analysis)
         self.deferral = ANALYSIS_DEFERRAL * self.analysis_estimate
         self.order = int(order)
@@ -470,7 +449,6 @@ class Allowance:
         self.speculated_how = ""                  # why R's rank decision is cheap, once speculated
         self.speculation_s = 0.0
         self.speculated_at = 0.0
-        self.history = deque(maxlen=PROJECTION_WINDOW)
         self.next_check = 0.0
         self.reason = ""
         self.planned = None
@@ -483,12 +461,6 @@ class Allowance:
         self.analysis_s = 0.0
         self.analysed_at: Optional[tuple] = None
         self.projection: Optional[tuple] = None     # (itn, further iterations, s/iteration)
-        self.trend: Optional[int] = None           # further iterations by the long trend
-        self.power: Optional[float] = None         # ... by the trend as a power of itn
-        self.broken = 0                            # promises of convergence broken so far
-        self._promises: list = []                  # (itn, further promised) not yet broken
-        self._marks: list = []                     # (window centre, mean log tests) per checkpoint
-        self._itn = 0                              # the iteration of the last projection
         self._verdict = ("", 0)                    # (kind, consecutive checkpoints)
         self._last: Optional[float] = None
         self.fastest = math.inf                    # the fastest iteration's seconds
@@ -509,7 +481,7 @@ class Allowance:
     def __call__(self, state) -> bool:
         """Record iteration ``state.itn``; at a checkpoint, decide whether to stop."""
         seconds = state.seconds
-        self.history.append(state)
+        self.projector.history.append(state)
         last, self._last = self._last, seconds
         if last is not None and seconds - last < self.fastest:
             self.fastest = seconds - last
@@ -535,19 +507,21 @@ class Allowance:
         the history as each call would keep them, but not timed (their seconds are
         interpolated): the fastest iteration is that of iterations reported one after the
         other, whose time includes a report's, as when every iteration is reported."""
-        self.history.extend(states)
+        self.projector.history.extend(states)
 
     # -- the rule ------------------------------------------------------------
 
     def decide(self, itn: int, t: float) -> bool:
         """The rule at a checkpoint: ``itn`` iterations done in ``t`` seconds of iterating."""
-        further, per_iteration = self._project(itn, t)
+        history = self.projector.history
+        further, per_iteration = self.projector.project(
+            itn, t, None if self.analysed_at is None else self.analysed_at[0], self.analysis_s)
         trusted = itn >= PROJECTION_WINDOW
-        if not self.at_risk and self.history:
-            self.at_risk = rank_risk(self.history[-1].conda, itn, self.order)
+        if not self.at_risk and history:
+            self.at_risk = rank_risk(history[-1].conda, itn, self.order)
         if further is not None:
             self.projection = (itn, further, per_iteration)
-            why = self._conlim_reached(further)
+            why = self.projector.conlim_reached(further)
             if why:
                 return self._confirm("conlim", why)
         remaining = (further * per_iteration if further is not None
@@ -595,25 +569,26 @@ class Allowance:
             self._speculation()
             self.speculated_at = t
         q = self.qr_seconds
-        beyond = self._beyond(further)
+        beyond = self.projector.beyond(further)
         if further is not None and itn + beyond > self.iter_lim:
             # stopping costs q; going on costs the iterations to iter_lim more than q if
             # the projection is right, and saves q if it is wrong (it often is)
             to_limit = (self.iter_lim - itn) * per_iteration
             if to_limit > q:
                 how = ("" if beyond == further else
-                       f" (the trend as a power of itn, {self.broken} promises of the "
+                       f" (the trend as a power of itn, {self.projector.broken} promises of the "
                        f"window's projection broken)")
                 return self._confirm("iter_lim", f"projected {itn + beyond:.0f} iterations "
                                      f"exceed iter_lim {self.iter_lim}{how}, and the "
                                      f"{self.iter_lim - itn} "
                                      f"to it cost more ({to_limit:.3g} s) than the QR's "
                                      f"predicted {q:.3g} s")
-        if further is not None and self._lasting(further) * per_iteration > SWITCH_MARGIN * q:
-            return self._confirm("cost", f"projected {self._lasting(further)} more iterations "
-                                 f"({self._lasting(further) * per_iteration:.3g} s) cost more "
+        lasting = None if further is None else self.projector.lasting(further)
+        if lasting is not None and lasting * per_iteration > SWITCH_MARGIN * q:
+            return self._confirm("cost", f"projected {lasting} more iterations "
+                                 f"({lasting * per_iteration:.3g} s) cost more "
                                  f"than {SWITCH_MARGIN:g} x the QR's predicted {q:.3g} s")
-        promised = further if self.trend is None else self.trend
+        promised = further if self.projector.trend is None else self.projector.trend
         if self.route.holds and (promised is None or
                                  promised * per_iteration > PREDICTED_SHARE * q):
             return self._confirm("predicted", f"{self.route.shown()} (the QR's predicted "
@@ -642,10 +617,11 @@ class Allowance:
                     q: float) -> bool:
         """Whether a verdict of :meth:`decide` would stop the run if the QR cost ``q``."""
         trusted = itn >= PROJECTION_WINDOW
-        if further is not None and itn + self._beyond(further) > self.iter_lim and \
+        projector = self.projector
+        if further is not None and itn + projector.beyond(further) > self.iter_lim and \
                 (self.iter_lim - itn) * per_iteration > q:
             return True
-        if further is not None and self._lasting(further) * per_iteration > SWITCH_MARGIN * q:
+        if further is not None and projector.lasting(further) * per_iteration > SWITCH_MARGIN * q:
             return True
         return further is None and trusted and t >= STALL_SHARE * q
 
@@ -667,28 +643,6 @@ class Allowance:
         if self._lu_singular:
             return 0.0
         return rank_decision_floor(self.order) * (1.0 if self.at_risk else RANK_PRIOR)
-
-    def _beyond(self, further: Optional[int]):
-        """The further iterations the iter_lim verdict weighs: the window's
-        projection, or, once :data:`BROKEN_PROMISES` of its promises are broken
-        (:meth:`_keep_promises`), the long trend's as a power of the iteration
-        count (:meth:`_trend`) where that is later. The verdict still asks that
-        the iterations to ``iter_lim`` cost more than the exact answer, so a run
-        the power law misjudges pays at most that answer's time."""
-        if further is None or self.broken < BROKEN_PROMISES or self.power is None or \
-                self._itn + self.power <= POWER_MARGIN * self.iter_lim:
-            return further
-        return max(further, self.power)
-
-    def _lasting(self, further: int) -> int:
-        """The iterations the cost verdict weighs: the window's projection, or the long
-        trend's (:meth:`_trend`) where that is sooner and ends before ``iter_lim`` — a
-        run whose trend says SciPy's own stop comes first is not stopped on one
-        window's flicker; a trend past ``iter_lim`` promises nothing."""
-        trend = self.trend
-        if trend is None or trend >= further or self._itn + trend > self.iter_lim:
-            return further
-        return trend
 
     def _worth_speculating(self, itn: int, further, per_iteration: float) -> bool:
         """Whether the iterations left (to the projection, or to ``iter_lim``) cost
@@ -793,143 +747,6 @@ class Allowance:
             self.rank_device = "gpu" if chosen.backend == "gpu" else "cpu"
         self.analysis_s += time.perf_counter() - t0
         self.analysed_at = (itn, t)
-
-    def _project(self, itn: int, t: float) -> tuple[Optional[int], float]:
-        """Further iterations until a tolerance test is met (None: no estimate), s/iteration.
-
-        A least-squares line through ``log(test1/rtol)`` and
-        ``log(test2/atol)`` over the last :data:`PROJECTION_WINDOW`
-        iterations (consecutive, so the slope is a fixed weighting of the
-        values, :data:`_SLOPE_WEIGHTS`); the sooner of the two. The seconds
-        per iteration are the lower of the window's (the first iterations
-        carry set-up costs) and the run's average (a pause of the process
-        inside the window would inflate the window's). Each projection also
-        records the window's mean values (:attr:`trend`, :meth:`_trend`).
-        """
-        h = self.history
-        average = t / max(itn, 1)
-        if len(h) < PROJECTION_WINDOW:
-            return None, average
-        first, last = h[0], h[-1]
-        seconds = last.seconds - first.seconds
-        if self.analysed_at is not None and first.itn < self.analysed_at[0] <= last.itn:
-            seconds -= self.analysis_s
-        per_iteration = min(seconds / max(last.itn - first.itn, 1), average)
-        best = None
-        means = []
-        for column in (self._log_test1(h), self._log_test2(h)):
-            finite = all(map(math.isfinite, column))
-            means.append(sum(column) / PROJECTION_WINDOW if finite else None)
-            if column[-1] <= 0:
-                return 0, per_iteration
-            if not finite:
-                continue
-            slope = sum(w * y for w, y in zip(_SLOPE_WEIGHTS, column))
-            if slope < 0:
-                need = math.ceil(column[-1] / -slope)
-                best = need if best is None else min(best, need)
-        self._itn = itn
-        self._keep_promises(itn, best)
-        self.trend = self._trend((first.itn + last.itn) / 2.0, itn, means)
-        return best, per_iteration
-
-    def _keep_promises(self, itn: int, further: Optional[int]) -> None:
-        """Count the projections' broken promises (:attr:`broken`) and record ``further``.
-
-        A projection at iteration ``i`` of ``f`` more iterations promised
-        SciPy's stop by ``i + f``; once the run passes :data:`PROMISE_SLACK` ×
-        ``(i + f)`` iterations without it (the run is still watched, so it has
-        not stopped) the promise is broken. LSQR's tests often fall
-        in steps, so one window's line promises too soon on converging runs
-        too; on a run whose tests fall as a power of the iteration count
-        (rajat01: ``test1/rtol`` by a factor of ten each 6-7-fold of the
-        iterations) the window's line promises a few hundred more at every
-        checkpoint, to ``iter_lim``."""
-        kept = []
-        for then, promised in self._promises:
-            if itn > PROMISE_SLACK * (then + promised):
-                self.broken += 1
-            else:
-                kept.append((then, promised))
-        if further is not None and further > 0:
-            kept.append((itn, further))
-        self._promises = kept
-
-    def _trend(self, center: float, itn: int, means: list) -> Optional[int]:
-        """Further iterations by the long trend (None: no estimate), and the window's
-        means kept for later checkpoints.
-
-        The straight line through the window's mean values now and those of
-        the checkpoint whose window's centre lay nearest half the iterations of
-        the current one's (at least :data:`PROJECTION_WINDOW` before it),
-        extended from the current centre: the mean of 20 values
-        and a slope over hundreds of iterations do not flicker with the tests'
-        noise as one window's slope does (LSQR's ``test2`` jumps by factors of
-        ten between iterations on some matrices), and still follow a run that
-        speeds up late (the trend spans the later half of the run only).
-        The same two means on log(itn) give :attr:`power`, the further
-        iterations if the tests fall as a power of the iteration count (later
-        than the straight line's wherever the tests fall; :meth:`_beyond`).
-        """
-        marks = self._marks
-        best = None
-        self.power = None
-        if marks:
-            goal = center / 2.0
-            then = None
-            for mark in marks:
-                if center - mark[0] < PROJECTION_WINDOW:
-                    break
-                if then is None or abs(mark[0] - goal) <= abs(then[0] - goal):
-                    then = mark
-            if then is not None:
-                span = center - then[0]
-                power = None
-                for now_y, then_y in zip(means, then[1:]):
-                    if now_y is None or then_y is None or now_y >= then_y:
-                        continue
-                    need = math.ceil(now_y / ((then_y - now_y) / span) - (itn - center))
-                    need = max(need, 0)
-                    best = need if best is None else min(best, need)
-                    if then[0] > 0:
-                        # the same two means on log(itn): the tests falling as a power
-                        # of the iteration count reach the tolerance at centre * e**x
-                        x = now_y * math.log(center / then[0]) / (then_y - now_y)
-                        reach = center * math.exp(min(x, 50.0)) - itn
-                        power = reach if power is None else min(power, reach)
-                self.power = None if power is None else max(power, 0.0)
-        if not marks or marks[-1][0] < center:
-            marks.append((center, *means))
-        return best
-
-    @staticmethod
-    def _log_test1(h):
-        return [math.log(max(state.test1, 1e-300) / max(state.rtol, _EPS)) for state in h]
-
-    def _log_test2(self, h):
-        return [math.log(max(state.test2, 1e-300)) - self.log_atol for state in h]
-
-    def _conlim_reached(self, further: int) -> str:
-        """Why the condition estimate will reach ``conlim`` within ``further`` iterations, or ''.
-
-        The estimate's growth is extrapolated as a power of the iteration
-        count, fitted to the window's ends: the estimates of LSQR and LSMR
-        grow fast at first and level off towards cond(A), so an exponential
-        model would stop runs that converge well below ``conlim``.
-        """
-        if self.log_conlim is None or further == 0:
-            return ""
-        h = self.history
-        (i0, c0), (i1, c1) = (h[0].itn, h[0].conda), (h[-1].itn, h[-1].conda)
-        if not (c1 > c0 > 0 and i1 > i0 > 0):
-            return ""
-        power = math.log(c1 / c0) / math.log(i1 / i0)
-        projected = math.log(c1) + power * math.log((i1 + further) / i1)
-        if projected < self.log_conlim:
-            return ""
-        need = math.ceil(i1 * (math.exp((self.log_conlim - math.log(c1)) / power) - 1))
-        return (f"the condition estimate ({c1:.2g}) projects to reach conlim in {need} "
-                f"iterations, before convergence ({further})")
 
     def summary(self) -> str:
         """The allowance and the projection, for the log."""
