@@ -78,7 +78,9 @@ def test_a_split_on_a_host_without_a_gpu_stops_at_the_lu(histories, nominal, per
     """adder_dcop_05's recorded run (SciPy's stop after 2171 iterations), no GPU: U's 25
     pivots predict the host's gap-checked COD, weighed by R's entries, and the run stops
     at the LU's checkpoint; without the split (or with an exactly singular LU, whose rule
-    is its own) it goes on to SciPy's stop, as before."""
+    is its own) it goes on to SciPy's stop, as before. An LU that hides the deficiency
+    stops the run only past min(m, n) = 1813 iterations (R's small singular subspace on the
+    host: tests/test_dropin_host_subspace.py)."""
     stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), per=per)
     assert stop is not None and stop == watch.lu_at[0] and stop < 1000, (stop, watch.lu_at)
     assert plans == 1 and watch.route.rank_host and watch.route.gap_predicted == 25
@@ -86,12 +88,15 @@ def test_a_split_on_a_host_without_a_gpu_stops_at_the_lu(histories, nominal, per
     assert watch.rank_s < 0.1 * rank_cost.RANK_S_PER_CUBE * 1813.0 ** 3
     assert "gap-checked COD on the host" in watch.reason, watch.reason
     assert "gap-checked COD on the host predicted" in watch.summary()
-    for kwargs in (dict(), dict(hides=True), dict(revealed=25, singular=True)):
+    for kwargs in (dict(), dict(revealed=25, singular=True)):
         stop, watch, plans = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(**kwargs),
                                      per=per)
         old = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(**kwargs), dense_gpu=None,
                       per=per)
         assert (stop, plans) == (old[0], old[2]) and stop is None and not watch.route.rank_host
+    stop, watch, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(hides=True), per=per)
+    assert stop > 1813 and watch.route.rank_host and watch.route.host_block
+    assert not watch.route.gap_predicted
 
 
 def test_without_the_compiled_sweeps_nothing_is_predicted(histories, nominal):
@@ -140,8 +145,9 @@ REAL_LU = {"adder_dcop_05": dict(revealed=25), "nnc1374": dict(hides=True),
 def test_only_adder_dcop_05_moves_among_the_recordings(histories, nominal):
     """Every recording with its matrix's real LU outcome, on a host without a GPU at every
     clock: the same stop and analyses as a rule that does not read U's pivots, but
-    adder_dcop_05's (bayer10 lies beyond DENSE_LIMIT, nnc1374's pivots hide its deficiency:
-    the host's subspace decision costs more than its run, so its run goes on)."""
+    adder_dcop_05's (bayer10 lies beyond DENSE_LIMIT, nnc1374's pivots hide its deficiency
+    and its recorded run converges within min(m, n) iterations, before the host's subspace
+    route holds)."""
     moved = set()
     for key in sorted(k for k in histories if not k.endswith(".meta")):
         name = key.rsplit(".", 1)[0]

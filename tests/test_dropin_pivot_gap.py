@@ -10,9 +10,10 @@ rule (:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`, ``dense_gpu``) an
 at once and stops the run for the exact answer. Where U's pivots hide the deficiency
 (nnc1374: none under the cutoff, 66 singular values there) the QR's rank decision is
 predicted as R's small singular subspace on the GPU, and the run stops the same way.
-Where no GPU runs the dense work, nothing changes; where the pivots neither split nor
-hide it (reorientation_1: a quarter of the columns under the cutoff, the next pivot at
-1.08), nothing changes either. The QR's own checks decide the rank, so a wrong
+Where no GPU runs the dense work, the host's own predictions answer
+(tests/test_dropin_host_gap.py, tests/test_dropin_host_subspace.py); where the pivots
+neither split nor hide it (reorientation_1: a quarter of the columns under the cutoff,
+the next pivot at 1.08), nothing changes. The QR's own checks decide the rank, so a wrong
 prediction costs time, not accuracy.
 """
 
@@ -365,17 +366,6 @@ def test_nnc1374_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir,
     line = [m for m in decisions() if m.startswith("lsqr ")][-1]
     assert "QR on CPU" in line and "small singular subspace on the GPU predicted" in line, line
     assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
-
-
-def test_nnc1374_without_a_gpu_keeps_scipys_answer(matrices_dir, monkeypatch):
-    """A host without a GPU, where U's pivots hide the deficiency: nothing is predicted
-    (the host's subspace decision costs more than the run), SciPy's tuple, x bit for bit.
-    adder_dcop_05's split: tests/test_dropin_host_gap.py."""
-    monkeypatch.setattr(quick_iterate, "gpu_available", lambda: False)
-    A = sp.csr_array(_mtx(matrices_dir, "nnc1374"))
-    b = _b("nnc1374", A.shape[0])
-    ref, out = original("lsqr")(A, b), lsqr(A, b)
-    assert out[1:9] == ref[1:9] and np.array_equal(out[0], ref[0])
 
 
 # ---------------------------------------------------------------------------

@@ -124,7 +124,14 @@ projections on such matrices promise convergence far too soon; the long trend
 is read, whose course the window's flicker does not break), at the first
 checkpoint that says so (:data:`PREDICTED_CONFIRMATIONS`). Where the plan shows
 the QR would not take the predicted route, the prediction is dropped and the
-rule goes on as for any deficient LU.
+rule goes on as for any deficient LU. One route waits for the run: where U's
+pivots hide the deficiency on a host without a GPU for the dense work, R's small
+singular subspace through R's host sweeps costs about as much as SciPy's whole
+run where that run converges soon, so it holds only once the run has passed
+``min(m, n)`` iterations (LSQR's and LSMR's bound in exact arithmetic;
+``LURoute.opens_at``): the run is told that iteration's checkpoint
+(:meth:`Allowance.quiet_until`), and a run that converges before it keeps
+SciPy's answer.
 
 Checks run at checkpoints spaced by :data:`CHECK_GROWTH` of the elapsed time
 (at least :data:`CHECK_INTERVAL_S`), so that watching costs little more than
@@ -463,7 +470,9 @@ class Allowance:
         self.projection: Optional[tuple] = None     # (itn, further iterations, s/iteration)
         self._verdict = ("", 0)                    # (kind, consecutive checkpoints)
         self._last: Optional[float] = None
+        self._last_itn = 0                         # the last report's iteration
         self.fastest = math.inf                    # the fastest iteration's seconds
+        self._pace = math.inf                      # the fastest s/iteration between reports
 
     @property
     def qr_seconds(self) -> Optional[float]:
@@ -481,6 +490,13 @@ class Allowance:
     def __call__(self, state) -> bool:
         """Record iteration ``state.itn``; at a checkpoint, decide whether to stop."""
         seconds = state.seconds
+        if self.route.opens_at < math.inf:
+            # the pace between reports, for :meth:`quiet_until` (a gated run's reports lie
+            # many iterations apart)
+            done = state.itn - self._last_itn
+            if done > 0 and self._last is not None:
+                self._pace = min(self._pace, (seconds - self._last) / done)
+        self._last_itn = state.itn
         self.projector.history.append(state)
         last, self._last = self._last, seconds
         if last is not None and seconds - last < self.fastest:
@@ -489,8 +505,8 @@ class Allowance:
         if self._ahead_at is not None and t >= self._ahead_at:
             self._ahead_at = None
             self._square.factor_ahead(readings=self.route.reads_ahead())
-        if t < self.next_check:             # most iterations: nothing more to do
-            return False
+        if t < self.next_check and state.itn < self.route.opens_at:
+            return False                    # most iterations: nothing more to do
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
         # a process paused by a busy machine: its iterations did not take that long
         return self.decide(state.itn, min(t, state.itn * self.fastest))
@@ -498,9 +514,15 @@ class Allowance:
     def quiet_until(self) -> float:
         """The run's seconds before which no iteration reaches a checkpoint (a compiled
         host run reports none before, :func:`scipy_gpuqr._iterative.host._reporter`), or
-        at which the LU starts on a worker (:data:`LU_AHEAD_SHARE`)."""
+        at which the LU starts on a worker (:data:`LU_AHEAD_SHARE`), or before which the
+        run cannot reach the iteration from which the predicted route holds
+        (``route.opens_at``, at the fastest pace between reports)."""
         at = self.next_check if self._ahead_at is None else min(self.next_check, self._ahead_at)
-        return at + self.analysis_s
+        at += self.analysis_s
+        opens = self.route.opens_at
+        if opens < math.inf and self._last is not None:
+            at = min(at, self._last + (opens - self._last_itn) * self._pace)
+        return at
 
     def catch_up(self, states) -> None:
         """Iterations the run did not report, in order, before the next report's: kept in
@@ -517,6 +539,10 @@ class Allowance:
         further, per_iteration = self.projector.project(
             itn, t, None if self.analysed_at is None else self.analysed_at[0], self.analysis_s)
         trusted = itn >= PROJECTION_WINDOW
+        if itn >= self.route.opens_at:
+            self.route.open()               # past the Krylov bound: the host's subspace
+            if self.predicted is not None:  # analysed before (a slow run): the plan's say
+                self.route.keep(self.planned, self.rank_device, self.r_entries)
         if not self.at_risk and history:
             self.at_risk = rank_risk(history[-1].conda, itn, self.order)
         if further is not None:

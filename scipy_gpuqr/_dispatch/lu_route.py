@@ -32,10 +32,22 @@ time, not accuracy: the QR's own checks decide the rank.
   is predicted as R's small singular subspace on the GPU
   (:func:`~scipy_gpuqr._dispatch.rank_cost.subspace_seconds`: a few block
   solves with R made dense there, lstsq's ``DenseSubspaceCOD``), dropped where
-  the plan saw no GPU (on a host without one nothing is predicted: R's small
-  singular subspace through R's host solves costs about as much as SciPy's
-  whole run on such a matrix); where R's singular values have no clear gap at
-  the cutoff that decision refuses and the SVD answers, later.
+  the plan saw no GPU; where R's singular values have no clear gap at the
+  cutoff that decision refuses and the SVD answers, later.
+* On a host without a GPU for that work whose compiled sweeps answer
+  (``host_sweeps``), the same hidden deficiency predicts R's small singular
+  subspace through R's host sweeps (lstsq's sparse subspace decision,
+  :func:`~scipy_gpuqr._dispatch.rank_cost.host_subspace_seconds`: a few steps
+  of two block sweeps through R's entries and q × p dense products). That costs
+  about as much as SciPy's whole run on such a matrix where the run converges
+  soon, and nothing tells such a run from a slow one early (nnc1374: about 1000
+  or about 2400 iterations, by b), so the route opens only once the run has
+  passed ``order`` iterations (:attr:`LURoute.opens_at`, :meth:`LURoute.open`):
+  LSQR and LSMR end within that many in exact arithmetic (their iterates span
+  a Krylov space of at most that dimension); a run past it lives on rounding
+  and, on a matrix whose LU showed it not of full rank, converges only as the
+  small singular values' components resolve. The plan drops the route as the
+  host's gap-checked COD's.
 * Beyond :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_SPARSE_MIN_ORDER`
   (lstsq's ``DENSE_LIMIT``), on a host whose GPU would run the QR's dense rank
   work, the rank decision is predicted as R's small singular subspace on the
@@ -53,10 +65,12 @@ rounding make the sparse COD's gap check and the subspace refuse.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
-from .rank_cost import (GAP_GPU_MIN_ORDER, RANK_SPARSE_MAX_DENSITY, RANK_SPARSE_MIN_ORDER,
-                        gap_check_seconds, host_sparse_rank_seconds, subspace_seconds)
+from .rank_cost import (GAP_GPU_MIN_ORDER, HOST_SUBSPACE_BLOCK, RANK_SPARSE_MAX_DENSITY,
+                        RANK_SPARSE_MIN_ORDER, gap_check_seconds, host_sparse_rank_seconds,
+                        host_subspace_seconds, subspace_seconds)
 
 __all__ = ["SUBSPACE_GPU_PLAN_REASON", "LURoute"]
 
@@ -89,9 +103,10 @@ class LURoute:
         ``under`` pivots under its cutoff. None: never.
     host_sweeps : callable, optional
         ``host_sweeps() -> bool``: whether the host's compiled sparse sweeps answer,
-        asked where ``dense_gpu()`` is False and U's pivots split (the host's
-        gap-checked COD is predicted only with them: its σ test is R11 made dense
-        without them). None: U's pivots are not read on such a host.
+        asked where ``dense_gpu()`` is False and U's pivots split or hide the deficiency
+        (the host's gap-checked COD and R's subspace on the host are predicted only with
+        them: without them the σ test makes R11 dense, and R's solves are SuperLU's).
+        None: U's pivots are not read on such a host.
 
     Attributes
     ----------
@@ -99,7 +114,16 @@ class LURoute:
         U's pivots under the cutoff where they predict the gap-checked COD
         (``square.revealed_dead()``), else 0 (also once the plan dropped it).
     rank_host : bool
-        Whether that gap-checked COD is the host's (no GPU for the dense rank work).
+        Whether the predicted rank decision is the host's (no GPU for the dense rank
+        work): the gap-checked COD, or R's small singular subspace where
+        :attr:`host_block`.
+    host_block : int
+        Where U's pivots hide the deficiency on such a host: the block of R's subspace
+        iteration there (:data:`~scipy_gpuqr._dispatch.rank_cost.HOST_SUBSPACE_BLOCK`),
+        else 0 (also once the plan dropped it).
+    opens_at : float
+        The iteration from which that route holds (``order + 1``, :meth:`open`), until
+        then pending; inf where none is pending.
     subspace_predicted : bool
         Whether U's pivots hide the deficiency (``square.hides_deficiency()``), or R lies
         beyond :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_SPARSE_MIN_ORDER`
@@ -123,14 +147,16 @@ class LURoute:
         self.gap_predicted = 0
         self.large_under = -1
         self.subspace_predicted = False
-        self.rank_host = False                    # ... the gap-checked COD on the host
+        self.rank_host = False                    # ... the rank decision on the host
+        self.host_block = 0                       # R's subspace on the host: its block
+        self.opens_at = math.inf                  # ... whose route holds from this iteration
         self.gap_dropped = ""                     # why the plan dropped the prediction
 
     @property
     def holds(self) -> bool:
         """Whether U's pivots predict the QR's rank decision (the gap-checked COD or R's
-        small singular subspace on the GPU, or the gap-checked COD on the host where
-        :attr:`rank_host`)."""
+        small singular subspace on the GPU, or where :attr:`rank_host` the gap-checked COD
+        on the host or, once :meth:`open`, R's small singular subspace there)."""
         return bool(self.gap_predicted) or self.subspace_predicted
 
     @property
@@ -150,7 +176,9 @@ class LURoute:
         """Read U's pivots of a deficient LU (``square.deficient``) for the prediction:
         the gap-checked COD on the GPU or, without a GPU for the dense rank work, on the
         host (:attr:`gap_predicted`, :attr:`rank_host`), or R's small singular subspace
-        on the GPU (:attr:`subspace_predicted`)."""
+        on the GPU (:attr:`subspace_predicted`), or, pending until the run passes
+        ``order`` iterations (:attr:`opens_at`), R's small singular subspace on the host
+        (:attr:`host_block`)."""
         reads = self._reads_pivots()
         gpu = reads and bool(self._dense_gpu())
         if gpu:
@@ -165,8 +193,20 @@ class LURoute:
                 self.gap_predicted, self.rank_host = dead, True
             elif dead:
                 self.gap_dropped = "the host's compiled sweeps not at hand"
+            elif self.square.hides_deficiency():
+                # R's small singular subspace through R's host sweeps, once the run passes
+                # the Krylov bound (:meth:`open`)
+                if self._host_sweeps():
+                    self.host_block, self.opens_at = HOST_SUBSPACE_BLOCK, self.order + 1
+                else:
+                    self.gap_dropped = "the host's compiled sweeps not at hand"
         elif self._predicts_large_subspace():
             self.subspace_predicted = True
+
+    def open(self) -> None:
+        """The run passed :attr:`opens_at`: R's small singular subspace on the host
+        (:attr:`host_block`) is the predicted route from now on."""
+        self.subspace_predicted, self.rank_host, self.opens_at = True, True, math.inf
 
     def _reads_pivots(self) -> bool:
         """Whether U's pivots may be worth reading (:attr:`gap_predicted`,
@@ -217,7 +257,8 @@ class LURoute:
         (:attr:`rank_host`) is dropped where the plan factorizes on the GPU or did not
         count R's entries, or R is denser than
         :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_SPARSE_MAX_DENSITY` (lstsq's sparse
-        COD is not tried there, and the prediction follows R's entries).
+        COD is not tried there, and the prediction follows R's entries); so is R's small
+        singular subspace on the host (:attr:`host_block`).
         """
         if self.rank_host:
             why = ("no plan" if planned is None else
@@ -228,7 +269,7 @@ class LURoute:
                    else "")
             if why:
                 self.gap_predicted, self.subspace_predicted = 0, False
-                self.rank_host, self.gap_dropped = False, why
+                self.rank_host, self.host_block, self.gap_dropped = False, 0, why
             return
         if self.subspace_predicted:
             why = ("no plan" if planned is None else
@@ -254,8 +295,10 @@ class LURoute:
 
     def rank_seconds(self, r_entries: Optional[float]) -> Optional[float]:
         """The rank decision's predicted seconds by the predicted route (``r_entries``:
-        R's entries by the analysis' count, for the host's gap-checked COD), or None
+        R's entries by the analysis' count, for the host's routes), or None
         where none is predicted."""
+        if self.rank_host and self.host_block:
+            return host_subspace_seconds(self.order, r_entries, self.host_block)
         if self.rank_host:
             return host_sparse_rank_seconds(r_entries)
         if self.gap_predicted:
@@ -270,6 +313,9 @@ class LURoute:
         return (f"SuperLU's U shows {self.gap_predicted} pivots under lstsq's cutoff and "
                 f"the rest clearly above: the QR's rank decision predicted as the "
                 f"gap-checked COD {where}" if self.gap_predicted else
+                f"SuperLU's factors are deficient and U's pivots hide it, and the run passed "
+                f"min(m, n) = {self.order} iterations: the QR's rank decision predicted as "
+                f"R's small singular subspace on the host" if self.host_block else
                 f"SuperLU's factors are deficient ({self.large_under} of U's pivots under "
                 f"lstsq's cutoff) and R beyond lstsq's DENSE_LIMIT: the QR's rank "
                 f"decision predicted as R's small singular subspace on the GPU"
@@ -287,6 +333,10 @@ class LURoute:
         if self.large:
             return (f"{self.large_under} of U's pivots under lstsq's cutoff, R beyond "
                     f"DENSE_LIMIT (R's small singular subspace on the GPU predicted)")
+        if self.host_block:
+            return ("U's pivots hide the deficiency (R's small singular subspace on the host "
+                    "predicted" + (")" if self.rank_host else
+                                   f" once the run passes {self.order} iterations)"))
         if self.subspace_predicted:
             return ("U's pivots hide the deficiency (R's small singular subspace on "
                     "the GPU predicted)")

@@ -15,7 +15,8 @@ SuperLU's factors of a square A predict the route lstsq's decision takes
 (:class:`~scipy_gpuqr._dispatch.lu_route.LURoute`), it costs what that route
 does: the gap-checked sparse COD with its σ test on the GPU
 (:func:`gap_check_seconds`) or on the host (:func:`host_sparse_rank_seconds`),
-or R's small singular subspace on the GPU (:func:`subspace_seconds`).
+or R's small singular subspace on the GPU (:func:`subspace_seconds`) or through
+R's compiled host sweeps (:func:`host_subspace_seconds`).
 
 The orders and the density that bound lstsq's rules are lstsq's own, written
 here again because this part never imports :mod:`scipy_gpuqr._factor` (which
@@ -32,7 +33,9 @@ __all__ = ["RANK_RISK_COND", "RANK_RISK_SHARE", "RANK_S_PER_CUBE", "RANK_DENSE_L
            "SUBSPACE_GPU_LARGE_S_PER_SQUARE", "HOST_SPARSE_RANK_S_PER_R_ENTRY",
            "RANK_SPARSE_MAX_DENSITY", "RANK_S_PER_R_ENTRY", "RANK_GPU_S_PER_SQUARE",
            "RANK_GPU_S_PER_CUBE", "rank_risk", "rank_decision_floor", "gap_check_seconds",
-           "subspace_seconds", "host_sparse_rank_seconds", "rank_decision_seconds"]
+           "subspace_seconds", "host_sparse_rank_seconds", "HOST_SUBSPACE_STEPS",
+           "HOST_SUBSPACE_BLOCK", "HOST_SWEEP_FLOPS", "HOST_GEMM_FLOPS", "host_subspace_seconds",
+           "rank_decision_seconds"]
 
 #: A run whose condition estimate reaches this is treated as one on a matrix
 #: that may be ill-conditioned or rank deficient (LSQR's estimate grows
@@ -98,6 +101,22 @@ SUBSPACE_GPU_LARGE_S_PER_SQUARE = 1.6e-9
 #: seconds per entry of R (the analysis' count), on the dear side (adder_dcop_05 on 2
 #: cores: 15-20 ms for 33 300 entries after the LU, against 1.19 s by the cube).
 HOST_SPARSE_RANK_S_PER_R_ENTRY = 1e-6
+#: On such a host, where U's pivots hide the deficiency (``square.hides_deficiency()``),
+#: lstsq decides R's rank from R's small singular subspace through R's compiled host
+#: sweeps (``sparse_subspace.decide``): a block inverse subspace iteration of p columns,
+#: each step two sweeps through R's entries (``4·p·nnz(R)`` flops) and q × p Gram
+#: products, rotations and Cholesky QRs (``8·q·p²`` flops). Its predicted cost
+#: (:func:`host_subspace_seconds`) counts this many steps (nnc1374 4, bayer10 5) ...
+HOST_SUBSPACE_STEPS = 5
+#: ... of this block: lstsq's first block (64 columns) doubled, as R's pivots within
+#: ``DIAG_HINT`` × the cutoff size it where U's pivots hide the deficiency (nnc1374) ...
+HOST_SUBSPACE_BLOCK = 128
+#: ... at these flops per second of the sweeps and of the dense products: process time
+#: on 2 cores, both lanes counted (nnc1374's decision 0.063-0.072 s for q = 1374, the
+#: analysis' 86 700 entries of R and p = 128: the model 0.067 s; bayer10's 0.95-1.14 s for
+#: q = 13436, 490 000 entries and p = 212: the model 1.02 s).
+HOST_SWEEP_FLOPS = 5e9
+HOST_GEMM_FLOPS = 4e10
 #: Largest share of R's q² entries that are nonzero for those sparse rules
 #: (lstsq's ``SPARSE_COD_MAX_DENSITY``).
 RANK_SPARSE_MAX_DENSITY = 0.05
@@ -174,6 +193,18 @@ def host_sparse_rank_seconds(r_entries: float) -> float:
     cutoff (:attr:`~scipy_gpuqr._dispatch.lu_route.LURoute.rank_host`):
     :data:`HOST_SPARSE_RANK_S_PER_R_ENTRY` × ``r_entries``."""
     return HOST_SPARSE_RANK_S_PER_R_ENTRY * float(r_entries)
+
+
+def host_subspace_seconds(order: int, r_entries: float,
+                          block: int = HOST_SUBSPACE_BLOCK) -> float:
+    """Predicted seconds of the rank decision from R's small singular subspace through R's
+    compiled host sweeps, for an order-``order`` R with ``r_entries`` entries (the
+    analysis' count) and a ``block``-column iteration: :data:`HOST_SUBSPACE_STEPS` steps
+    of two sweeps (``4·block·r_entries`` flops at :data:`HOST_SWEEP_FLOPS`) and the q × p
+    dense products (``8·order·block²`` flops at :data:`HOST_GEMM_FLOPS`)."""
+    p = float(block)
+    return HOST_SUBSPACE_STEPS * p * (4.0 * float(r_entries) / HOST_SWEEP_FLOPS +
+                                      8.0 * float(order) * p / HOST_GEMM_FLOPS)
 
 
 def rank_decision_seconds(order: int, factorization: float,
