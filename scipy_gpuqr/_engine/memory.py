@@ -508,12 +508,18 @@ def min_budget_of_front(analysis, needs: FrontNeeds, f: int) -> int:
     return int(needs.fixed + _alone(analysis, needs)[int(f)])
 
 
-def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=()) -> list:
+def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=(),
+                mapped=None) -> list:
     """Bytes of each stage of a built schedule: its exact pool (fronts and carried
     blocks) and records, with ``needs``' other parts (see :func:`plan_for_memory`);
-    0 for the stages in ``host`` (stage indices: they run on the host)."""
+    0 for the stages in ``host`` (stage indices: they run on the host).
+    ``mapped``: stage → bytes of its pool mapped at most (a pool backed chunk
+    by chunk, :mod:`.pool_map`), counted instead of the whole pool; such a
+    stage's R is gathered from its pool sent to the host, so the device holds
+    no gather index of R's entries for it."""
     fs = analysis.fronts
     hs = set(host)
+    mapped = dict(mapped or {})
     out = []
     for sid, st in enumerate(sched.stages):
         if sid in hs:
@@ -525,7 +531,11 @@ def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=()) -> l
         away = np.flatnonzero((par < 0) | (par > last)) + first
         work = sorted(needs.dense_work[sl].tolist(), reverse=True)[:DENSE_STREAMS]
         ntasks = int(st.launch_ptr[-1]) if len(st.launch_ptr) else 0
-        out.append(int(st.pool_size) * int(itemsize) + int(needs.known[sl].sum())
+        pool = mapped.get(sid, int(st.pool_size) * int(itemsize))
+        known = int(needs.known[sl].sum())
+        if sid in mapped:
+            known -= int(np.asarray(analysis.front_nnz_R, dtype=np.int64)[sl].sum()) * 8
+        out.append(int(pool) + known
                    + ntasks * TASK_BYTES + int(needs.leaving[away].sum()) + int(sum(work))
                    + needs.per_stage + min(int(st.pool_size), CHECK_CHUNK))
     return out

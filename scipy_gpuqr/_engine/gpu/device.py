@@ -66,11 +66,13 @@ from ..dense_front import (DEFAULT_PANEL, factorize_cupy, factorize_numpy, geqrf
                            panels_of)
 from ..host.simulate import execute_task, one_blas_thread
 from ..memory import CHECK_CHUNK, DeviceMemory, available_bytes, largest_block_bytes
+from ..pool_map import CHUNK_BYTES
 from ..slab_front import (PART_ROW_BYTES, CupySlabs, NumpySlabs, factorize_in_slabs,
                           one_slab_parts, slab_columns, whole_front_fits)
 from . import factorize_kernels as variants
 from .array_ops import upload_block
 from .finite_check import finite_check
+from . import vmm
 from .pool_copy import CupyPoolCopy, NumpyPoolCopy
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
                     staging_for)
@@ -261,6 +263,10 @@ class NumpyDevice:
         #: panel width of dense fronts, and the fronts factorized so
         self.dense_panel = DEFAULT_PANEL
         self.dense_done = []
+        #: fewest bytes of a pool's copy to the host sent at once (:meth:`open_pool_copy`)
+        self.pool_copy_min_bytes = 1
+        #: bytes of a mapped pool's chunk (:mod:`scipy_gpuqr._engine.pool_map`)
+        self.map_chunk_bytes = CHUNK_BYTES
 
     def memory(self) -> DeviceMemory:
         """The bytes left under ``memory_limit`` (None: unlimited)."""
@@ -285,17 +291,53 @@ class NumpyDevice:
         self.maps = maps
         self.vt = np.full(max(vt_size, 1), np.nan, dtype=self.dtype)
 
-    def begin_stage(self, st, s_index, s_value, carried):
+    def begin_stage(self, st, s_index, s_value, carried, pool_map=None):
+        """The stage's pool and S entries. ``pool_map``: the pool is mapped chunk by
+        chunk (:meth:`map_chunks`): only its mapped chunks are counted, and a
+        chunk not mapped holds NaN, so that a read of it shows."""
         if self.fail_after is not None and st.pool_size > self.fail_after:
             raise DeviceOutOfMemory(f"stage pool of {st.pool_size} elements")
         isz = self.dtype.itemsize
         self._stage_start = self.held
-        self._take(st.pool_size * isz, "a stage pool")
+        if pool_map is None:
+            self._take(st.pool_size * isz, "a stage pool")
         self._take(len(s_index) * (8 + isz), "S entries")
         self._take(max(int(st.launch_ptr[-1]) if len(st.launch_ptr) else 0, 1) * TASK_BYTES,
                    "the task list")
-        pool = self._stage_pool(st.pool_size, carried, key=tuple(st.fronts))
-        return {"pool": pool, "spool": (s_index, s_value.astype(self.dtype)), "st": st}
+        h = {"spool": (s_index, s_value.astype(self.dtype)), "st": st}
+        if pool_map is None:
+            h["pool"] = self._stage_pool(st.pool_size, carried, key=tuple(st.fronts))
+        else:
+            h["pool"] = np.full(st.pool_size, np.nan, dtype=self.dtype)
+            h["pmap"], h["on"] = pool_map, set()
+        return h
+
+    def can_map(self, nbytes: int, chunk_bytes: int) -> bool:
+        """Whether a pool of ``nbytes`` may be mapped in chunks of ``chunk_bytes``."""
+        return True
+
+    def _chunk(self, h, k: int) -> np.ndarray:
+        c = int(h["pmap"].chunk)
+        return h["pool"][int(k) * c: (int(k) + 1) * c]
+
+    def map_chunks(self, h, chunks) -> None:
+        """Chunks of a mapped pool backed (counted) and zeroed."""
+        chunks = list(chunks)
+        self._take(len(chunks) * h["pmap"].chunk_bytes, "mapped chunks of a stage pool")
+        for k in chunks:
+            self._chunk(h, k)[...] = 0
+            h["on"].add(int(k))
+
+    def unmap_chunks(self, h, chunks) -> None:
+        """Chunks of a mapped pool given back: checked finite, then NaN."""
+        chunks = list(chunks)
+        for k in chunks:
+            v = self._chunk(h, k)
+            if not np.isfinite(v).all():
+                raise GpuEngineError(f"non-finite values in chunk {k} of the front pool")
+            v[...] = np.nan
+            h["on"].discard(int(k))
+        self.held -= len(chunks) * h["pmap"].chunk_bytes
 
     def _stage_pool(self, n: int, carried, key=None) -> np.ndarray:
         """A stage's pool of ``n`` zeros with the carried contribution blocks
@@ -338,8 +380,8 @@ class NumpyDevice:
 
     def open_pool_copy(self, pool, final):
         """The stage's pool copied to a host array range by range as launches finish
-        (:class:`~.pool_copy.NumpyPoolCopy`)."""
-        return NumpyPoolCopy(pool, final)
+        (:class:`~.pool_copy.NumpyPoolCopy`, :attr:`pool_copy_min_bytes` at once)."""
+        return NumpyPoolCopy(pool, final, self.pool_copy_min_bytes)
 
     def mark_kernels_end(self, h) -> None:
         pass
@@ -348,7 +390,11 @@ class NumpyDevice:
         pool = h["pool"]
         self._take(min(pool.size, CHECK_CHUNK), "the finite check")
         self.held -= min(pool.size, CHECK_CHUNK)
-        if not _all_finite(pool):
+        if "pmap" in h:             # a mapped pool: its chunks mapped now (the others were)
+            ok = all(np.isfinite(self._chunk(h, k)).all() for k in h["on"])
+        else:
+            ok = _all_finite(pool)
+        if not ok:
             raise GpuEngineError("non-finite values in the front pool after the stage")
         return pool
 
@@ -792,6 +838,10 @@ class CupyDevice:
         self.r_copies = 0
         #: bytes of stage pools this factorization keeps in pinned host memory
         self.pinned_pools = 0
+        #: mapped pools' ranges (:mod:`.vmm`) by the pool array's id, until released,
+        #: and the bytes of their chunks (:mod:`scipy_gpuqr._engine.pool_map`)
+        self._ranges = {}
+        self.map_chunk_bytes = CHUNK_BYTES
         #: pinned host memory allocated ahead for this layer's part of a multi-device
         #: call (its ``take(n, dtype)`` and ``holds(array)``: see
         #: :class:`~.pinned_ahead.PinnedAhead`), set by that call while its devices'
@@ -867,11 +917,38 @@ class CupyDevice:
         self.vt = self._alloc(vt_size, self.dtype, fill=np.nan if self.debug else None)
         self.seconds["upload"] += time.perf_counter() - t0
 
-    def begin_stage(self, st, s_index, s_value, carried):
+    def can_map(self, nbytes: int, chunk_bytes: int) -> bool:
+        """Whether a pool of ``nbytes`` may be mapped in chunks of ``chunk_bytes``
+        (:mod:`.vmm`): the driver's entry points load, the chunk is a multiple
+        of the device's granularity, and the pool's host copy fits the pinned
+        cap (a mapped pool goes to the host during its stage)."""
+        try:
+            g = vmm.granularity(self.device_id)
+        except Exception:  # noqa: BLE001 - no virtual memory management: not mapped
+            return False
+        return (not self.debug and g > 0 and int(chunk_bytes) % g == 0
+                and self.pinned_pools + int(nbytes) <= pinned_pool_cap())
+
+    def begin_stage(self, st, s_index, s_value, carried, pool_map=None):
+        """The stage's pool (zeroed), its carried blocks, S entries and records'
+        buffer. ``pool_map``: the pool is an address range mapped chunk by chunk
+        (:class:`~.vmm.MappedRange`; :meth:`map_chunks` zeroes each chunk it
+        maps), no carried blocks."""
         cp = self.cp
         t0 = time.perf_counter()
         stream = self.stream
-        pool = self._alloc(st.pool_size, self.dtype)
+        rng = None
+        if pool_map is None:
+            pool = self._alloc(st.pool_size, self.dtype)
+        else:
+            rng = vmm.MappedRange(self.device_id, int(st.pool_size) * self.dtype.itemsize,
+                                  pool_map.chunk_bytes)
+            try:
+                pool = rng.array(cp, st.pool_size, self.dtype)
+            except Exception as exc:    # noqa: BLE001 - the plan's stages run instead
+                rng.close()
+                raise DeviceOutOfMemory(f"a mapped pool's array: {exc!r}") from exc
+            self._ranges[id(pool)] = rng
         keep = []
         whole = bool(getattr(st, "materialized", True))
         try:
@@ -908,9 +985,44 @@ class CupyDevice:
         e0 = cp.cuda.Event()
         e0.record(stream)
         self.seconds["upload"] += time.perf_counter() - t0
-        return {"st": st, "pool": pool, "dt": dt, "host": host, "src": src, "sent": 0,
-                "keep": keep, "sidx": sidx, "sval": sval, "e0": e0,
-                "lp": st.launch_ptr.tolist(), "t_loop": time.perf_counter()}
+        h = {"st": st, "pool": pool, "dt": dt, "host": host, "src": src, "sent": 0,
+             "keep": keep, "sidx": sidx, "sval": sval, "e0": e0,
+             "lp": st.launch_ptr.tolist(), "t_loop": time.perf_counter()}
+        if rng is not None:
+            h["range"], h["pmap"], h["flags"] = rng, pool_map, []
+        return h
+
+    def _chunk(self, h, k: int):
+        c = int(h["pmap"].chunk)
+        return h["pool"][int(k) * c: min((int(k) + 1) * c, h["pool"].size)]
+
+    def map_chunks(self, h, chunks) -> None:
+        """Chunks of a mapped pool backed and zeroed on the stage's stream (before
+        the launches enqueued after)."""
+        rng, rt = h["range"], self.cp.cuda.runtime
+        for k in chunks:
+            rng.map(k)
+            rt.memsetAsync(rng.address(k), 0, rng.chunk_bytes, self.stream.ptr)
+
+    def unmap_chunks(self, h, chunks) -> None:
+        """Chunks of a mapped pool given back once the device is done with them:
+        each checked finite on the stage's stream (read at :meth:`end_stage`),
+        then the stream and the copy stream waited for (the launches that touched
+        them and the pool's copies of them were enqueued before), then unmapped."""
+        cp = self.cp
+        t0 = time.perf_counter()
+        check = finite_check(self.dtype)
+        chunks = list(chunks)
+        for k in chunks:
+            h["flags"].append(check.enqueue(self._chunk(h, k), self.stream))
+        for s_ in (self.stream, self.copy_stream):
+            ev = cp.cuda.Event(disable_timing=True)
+            ev.record(s_)
+            ev.synchronize()
+        for k in chunks:
+            h["range"].unmap(k)
+        self.seconds["unmap_wait"] = self.seconds.get("unmap_wait", 0.0) + (
+            time.perf_counter() - t0)
 
     def _records_up(self, h, a: int, b: int, records) -> None:
         """Records ``[a, b)`` of the stage on the device before the next launch:
@@ -1048,12 +1160,16 @@ class CupyDevice:
         if e1 is None:
             e1 = cp.cuda.Event()
             e1.record(stream)
-        flag = finite_check(pool.dtype).enqueue(pool, stream)   # one launch, no temporary
+        if "range" in h:            # a mapped pool: its chunks mapped now, and the others'
+            flags = [finite_check(pool.dtype).enqueue(self._chunk(h, k), stream)
+                     for k in sorted(h["range"].handles)] + h["flags"]
+        else:
+            flags = [finite_check(pool.dtype).enqueue(pool, stream)]   # one launch, no temporary
         variants.prefetch_later_libraries()     # imported while this thread waits
         self._check(f"in stage {st.fronts}")
         h["keep"] = None
         h["host"] = h["src"] = None
-        if int(flag.get(stream=stream)[0]):
+        if any(int(f.get(stream=stream)[0]) for f in flags):
             raise GpuEngineError(f"non-finite values in the front pool of stage {st.fronts}")
         self.kernel_events.append((h["e0"], e1))
         self.seconds["kernels"] += cp.cuda.get_elapsed_time(h["e0"], e1) / 1e3
@@ -1114,7 +1230,24 @@ class CupyDevice:
         return out
 
     def release(self, pool) -> None:
+        """A stage's pool let go; a mapped one's range closed once the device and
+        its copies are done with it."""
+        rng = self._ranges.pop(id(pool), None)
         del pool
+        if rng is not None:
+            self._close_range(rng)
+
+    def _close_range(self, rng) -> None:
+        """``rng`` closed once the streams that may use it are done (a stream in
+        error after a failed stage: closed anyway, the error left to the caller's
+        own check)."""
+        try:
+            self.stream.synchronize()
+            self.copy_stream.synchronize()
+        except self.cp.cuda.runtime.CUDARuntimeError:
+            pass
+        finally:
+            rng.close()
 
     def vt_host(self) -> np.ndarray:
         if self._vt_host is None:
@@ -1128,3 +1261,6 @@ class CupyDevice:
         self.vt = None
         self.maps = None
         self._keep = []
+        ranges, self._ranges = list(self._ranges.values()), {}
+        for rng in ranges:          # a failed attempt's mapped pool
+            self._close_range(rng)

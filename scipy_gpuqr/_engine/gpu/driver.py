@@ -76,14 +76,15 @@ from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront, HostDenseFront
 from ..host.reference import reference_factorize, task_list_input
-from ..memory import (DeviceMemory, GpuMemoryExhausted, front_needs, min_budget,
+from ..memory import (DeviceMemory, GpuMemoryExhausted, MemoryPlan, front_needs, min_budget,
                       min_budget_of_front, plan_for_memory, stage_bytes, vt_elements)
+from ..pool_map import CHUNK_BYTES, part_elements, pool_map, replay_parts
 from ..slab_front import slab_columns
 from ..tasklist_qr import TaskListQR
 from . import solve as gpu_solve
 from .device import CupyDevice
 from .factorize_kernels import prefetch_engine_kernels
-from .reflector_upload import packed_size_bound
+from .reflector_upload import SMALL_FRONT, packed_size_bound
 from . import call_pins, replay_ahead, rlayout_store
 from .rlayout import r_layout, r_layout_cached
 from .stage_loop import StageLoop, assemble_r, r_dtype
@@ -113,6 +114,11 @@ STAGED_DENSE_FLOPS = 1e10
 #: quarter of its one-stage memory, 1.01x on ch7-8-b3 (bench/RESULTS.md).
 STAGED_DENSE = "oversized"
 STAGED_DENSES = ("size", "oversized")
+
+#: Whether a factorization whose memory plan has stages runs as one stage whose
+#: pool is mapped chunk by chunk where the fronts alive fit
+#: (:mod:`~scipy_gpuqr._engine.pool_map`, :func:`mapped_stage`).
+MAP_POOL = True
 
 #: Restaging attempts after device out-of-memory before the CPU fallback.
 MAX_RESTAGE = 6
@@ -162,6 +168,10 @@ class GpuQR(TaskListQR):
     _host_stages : dict
         Stage → its host front (a dense front too large for the device, whose
         pool stays in ``_host_pools``: the solves use it on the host).
+    _replay_by_launch : bool
+        ``Q``'s replay reads the factorization's one (mapped) stage in parts of
+        its launches (``_launch_base``: their first launches; ``_host_pools``:
+        the stage's host pool under each part).
     """
 
     _device: object = field(default=None, repr=False)
@@ -173,6 +183,7 @@ class GpuQR(TaskListQR):
     _launch_base: list = field(default_factory=list, repr=False)
     _replay: dict = field(default_factory=dict, repr=False)
     _host_stages: dict = field(default_factory=dict, repr=False)
+    _replay_by_launch: bool = field(default=False, repr=False)
 
     def on_device(self) -> bool:
         """True when Q is applied on a CUDA device (the factorization's)."""
@@ -414,8 +425,20 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                 staged[3].host or len(staged[3].plan.stages) > 1):
             _STAGED_PLANS.put(analysis, (pkey, STAGED_DENSE, available), staged)
     dense_flops, dense_extra, needs, mplan = staged
+    mapped = None
+    if (MAP_POOL and available is not None and mplan.feasible and not mplan.host
+            and len(mplan.plan.stages) > 1):
+        mapped = mapped_stage(analysis, needs, available, max_gpu_memory, device, tile=tile,
+                              bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
+                              dense_flops=dense_flops, dense_cpl=dense_columns_per_launch,
+                              dense_extra=dense_extra, itemsize=np.dtype(dev_dtype).itemsize)
+        if mapped is not None:
+            mplan = mapped.mplan
     pins = call_pins.for_plan(pins, mplan)  # started for one stage: this plan's?
-    if pins is None and call_pins.wanted(device, mplan):
+    if mapped is not None and pins is not None:
+        pins.finish()       # a mapped stage's host pool outlives the call: pinned as asked
+        pins = None
+    if pins is None and mapped is None and call_pins.wanted(device, mplan):
         # pinned while the schedule is built, the records bounded by the plan's
         pins = call_pins.start(call_pins.sizes_of_plan(analysis, needs, dev_dtype))
     floor = min_budget(analysis, needs)
@@ -424,6 +447,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     for attempt in range(MAX_RESTAGE + 1):
         if attempt:                     # the memory available changed: a new plan
             mplan = plan_for_memory(analysis, needs, available, max_gpu_memory)
+            mapped = None
         if not mplan.feasible:
             why = (f"front {mplan.oversized[0]} alone needs more device memory than "
                    f"{available:,} bytes ({limited_by}; the smallest stage plan needs "
@@ -434,7 +458,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                              bundle=bundle, pipelining=pipelining, max_tasks=max_tasks,
                              dense_flops=dense_flops, dense_cpl=dense_columns_per_launch,
                              mplan=mplan, needs=needs, early=early, dense_extra=dense_extra,
-                             early_schedule=early_schedule, pins=pins if not attempt else None)
+                             early_schedule=early_schedule, pins=pins if not attempt else None,
+                             mapped=mapped)
         except MemoryError as exc:      # DeviceOutOfMemory, or CuPy's from a worker
             if not (isinstance(exc, DeviceOutOfMemory)
                     or type(exc).__name__ == "OutOfMemoryError"):
@@ -445,6 +470,9 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
             del exc
             _release_attempt(device)
             now = _device_memory(device).available
+            if mapped is not None:          # the mapped stage failed: the staged plan next
+                limited_by = f"{limited_by}; the mapped stage ran out of memory"
+                continue
             if over:                        # the built schedule's exact count: just that less
                 available -= over
                 continue
@@ -463,7 +491,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
                               "detail": mem.detail, "fixed": mplan.fixed,
                               "stage_bytes": list(mplan.need),
                               "planned_peak": mplan.peak, "min_budget": floor,
-                              "max_gpu_memory": max_gpu_memory, "out_of_memory": oom}
+                              "max_gpu_memory": max_gpu_memory, "out_of_memory": oom,
+                              "pool_map": None if mapped is None else mapped.info()}
         out.info["seconds"]["total"] = time.perf_counter() - t_start
         out.info["seconds"]["validate"] = t_an - t_start
         first = getattr(device, "first_launch_at", None)
@@ -767,7 +796,7 @@ def start_schedule_load(analysis, *, tile: int, bundle: int, pipelining: bool,
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
                dense_flops=None, dense_cpl=DENSE_COLUMNS_PER_LAUNCH, mplan=None, needs=None,
-               early=None, dense_extra=(), early_schedule=None, pins=None):
+               early=None, dense_extra=(), early_schedule=None, pins=None, mapped=None):
     """One attempt with the stages of ``mplan`` (a
     :class:`~scipy_gpuqr._engine.memory.MemoryPlan`; default
     ``analysis.stage_plan(budget)``): the schedule, R's layout on a worker, the stages.
@@ -780,7 +809,9 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     schedule, made ahead), waited for where this attempt's plan has one stage:
     the schedule built here is then a hit of the scheduler's cache. ``pins``: the
     stage's pinned buffers pinned meanwhile (:class:`~.call_pins.CallPins`), taken
-    by the device layer while this attempt runs, or None.
+    by the device layer while this attempt runs, or None. ``mapped``: the
+    :class:`MappedStage` of ``mplan`` (its one stage's pool mapped chunk by
+    chunk), or None.
 
     Raises
     ------
@@ -806,7 +837,8 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     host_stages = mplan.host_stages() if mplan is not None else {}
     if mplan is not None and mplan.available is not None:
         keep_last, cache_dense = _memory_checks(analysis, sched, mplan, needs,
-                                                np.dtype(device.dtype).itemsize)
+                                                np.dtype(device.dtype).itemsize,
+                                                mapped=None if mapped is None else {0: mapped})
     cold = not all(st.materialized for st in sched.stages)
     if cold and len(sched.stages) == 1:
         cold = not _warm_from_disk(early, sched, analysis)
@@ -820,12 +852,12 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     try:
         return _run(Ac, analysis, device, sched, host_side, cold, t0, t1, budget=budget, pins=pins,
                     tile=tile, bundle=bundle, pipelining=pipelining, keep_last=keep_last,
-                    cache_dense=cache_dense, host_stages=host_stages)
+                    cache_dense=cache_dense, host_stages=host_stages, mapped=mapped)
     finally:
         helper.shutdown(wait=True)
 
 
-def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
+def _memory_checks(analysis, sched, mplan, needs, isz: int, mapped=None) -> tuple:
     """``(keep_last, cache_dense)`` for a built schedule under ``mplan.available``.
 
     Raises :class:`_PlanOver` when the schedule's exact bytes (a stage) or the
@@ -837,17 +869,22 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
     nor in the solves (its front's ``Q`` and R are applied on the host).
     ``keep_last``: the last stage's pool stays on the device beside an uploaded
     one; ``cache_dense``: device copies of the dense fronts sent to the host are
-    kept once made.
+    kept once made. ``mapped``: stage → its :class:`MappedStage` (a pool backed
+    chunk by chunk, :mod:`~scipy_gpuqr._engine.pool_map`): its mapped bytes
+    counted, its pool sent to the host during the stage, the last one's too
+    (``keep_last`` False), its solves' uploads those of its replay's parts.
     """
     keep_last = cache_dense = True
+    mapped = dict(mapped or {})
     hstage = mplan.host_stages()
-    exact = stage_bytes(sched, analysis, needs, isz, host=hstage)
+    exact = stage_bytes(sched, analysis, needs, isz, host=hstage,
+                        mapped={sid: m.peak_bytes for sid, m in mapped.items()})
     fixed = needs.fixed
     if fixed + max(exact, default=0) > mplan.available:
         raise _PlanOver(fixed + max(exact) - mplan.available,
                         f"the schedule's largest stage needs {fixed + max(exact):,} "
                         f"bytes, {mplan.available:,} available")
-    if len(sched.stages) < 2:
+    if len(sched.stages) < 2 and not mapped:
         return keep_last, cache_dense
     fs = analysis.fronts
     rk = fs.frank.astype(np.int64)
@@ -860,10 +897,12 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
             per.append(0)
             continue
         side = max([dense_b[f] for f in st.dense] + [int((rk[a:b + 1] ** 2).max()) * 8])
-        per.append(_stage_upload_elements(fs, st, sched.tile) * isz + side)
+        up = (mapped[sid].upload_elements if sid in mapped
+              else _stage_upload_elements(fs, st, sched.tile))
+        per.append(up * isz + side)
     last_pool = int(sched.stages[-1].pool_size) * isz
-    keep_last = (len(sched.stages) - 1 not in hstage
-                 and base + last_pool + max(per[:-1]) <= mplan.available)
+    keep_last = (len(sched.stages) - 1 not in hstage and len(sched.stages) - 1 not in mapped
+                 and base + last_pool + max(per[:-1], default=0) <= mplan.available)
     solve = base + max(per) if not keep_last else base + last_pool + max(per[:-1])
     if solve > mplan.available:
         raise _PlanOver(solve - mplan.available,
@@ -875,6 +914,110 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int) -> tuple:
                if f not in hostf and not (keep_last and sched.stages[-1].foff[f] >= 0))
     cache_dense = solve + away <= mplan.available
     return keep_last, cache_dense
+
+
+@dataclass(frozen=True)
+class MappedStage:
+    """A factorization run as one stage whose pool is mapped chunk by chunk
+    (:func:`mapped_stage`).
+
+    Attributes
+    ----------
+    mplan : MemoryPlan
+        One stage, its need the mapped count.
+    pmap : PoolMap
+        The chunks' lifetimes, ``cap`` set to the chunks that fit.
+    parts : list of int
+        First launch of each part ``Q``'s replay uploads at once.
+    peak_bytes : int
+        Bytes of the chunks mapped at most (the plan's count).
+    upload_elements : int
+        Elements the solves upload at once: the largest part's reflectors or R's
+        rows, whichever is larger.
+    """
+
+    mplan: MemoryPlan
+    pmap: object
+    parts: list
+    peak_bytes: int
+    upload_elements: int
+
+    def info(self) -> dict:
+        """``info['memory']['pool_map']``: what the plan counted."""
+        pm = self.pmap
+        return {"chunk_bytes": pm.chunk_bytes, "chunks": pm.nchunks,
+                "cap_chunks": pm.cap, "planned_peak_bytes": self.peak_bytes,
+                "replay_parts": len(self.parts)}
+
+
+def mapped_stage(analysis, needs, available: int, max_gpu_memory, device, *, tile, bundle,
+                 pipelining, max_tasks, dense_flops, dense_cpl, dense_extra,
+                 itemsize: int):
+    """The factorization as one stage whose pool is backed only where its fronts
+    are alive (:mod:`~scipy_gpuqr._engine.pool_map`), where that fits
+    ``available`` bytes; else None.
+
+    It needs the one-stage schedule with its records (a pattern factorized
+    before in the process, or whose plan is on disk), no dense fronts and no
+    host front, a layer that maps (``device.can_map``), the chunks alive at
+    most beside the fixed bytes and the stage's other allocations (no gather
+    index of R: its values come from the pool sent to the host), and the
+    solves: ``Q``'s replay reads the stage's reflectors in parts of its launches
+    (:func:`~scipy_gpuqr._engine.pool_map.replay_parts`), R's rows at once.
+    The chunks are the layer's ``map_chunk_bytes`` (default
+    :data:`~scipy_gpuqr._engine.pool_map.CHUNK_BYTES`).
+    """
+    chunk_bytes = int(getattr(device, "map_chunk_bytes", CHUNK_BYTES))
+    one = analysis.stage_plan(max_gpu_memory)        # the plan without a limit
+    if len(one.stages) != 1 or not hasattr(device, "map_chunks"):
+        return None
+    sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
+                           max_gpu_memory=max_gpu_memory, max_tasks=max_tasks, lazy=True,
+                           dense_flops=dense_flops, dense_columns_per_launch=dense_cpl,
+                           plan=one, dense_extra=dense_extra or None)
+    st = sched.stages[0]
+    if not st.materialized or st.dense or st.carried:
+        return None
+    isz = int(itemsize)
+    if not device.can_map(int(st.pool_size) * isz, chunk_bytes):
+        return None
+    extras = getattr(sched, "extras", None)
+    made = ("mapped_stage", int(chunk_bytes), isz, int(available))
+    if extras is not None and made in extras:       # this pattern under this memory before
+        return extras[made]
+    out = _mapped_stage(analysis, needs, available, sched, isz, chunk_bytes, one)
+    if extras is not None:
+        extras[made] = out
+    return out
+
+
+def _mapped_stage(analysis, needs, available, sched, isz, chunk_bytes, plan):
+    """:func:`mapped_stage`'s plan for the one-stage schedule ``sched``."""
+    st = sched.stages[0]
+    extras = getattr(sched, "extras", None)
+    key = ("pool_map", int(chunk_bytes), isz)
+    pm = extras.get(key) if extras is not None else None
+    if pm is None:
+        pm = pool_map(analysis.fronts, st, isz, chunk_bytes)
+        if extras is not None:
+            extras[key] = pm
+    other = stage_bytes(sched, analysis, needs, isz, mapped={0: 0})[0]
+    cap = (int(available) - needs.fixed - other) // pm.chunk_bytes
+    if pm.peak() > cap:
+        return None
+    pm = replace(pm, cap=int(cap))
+    fs = analysis.fronts
+    rk = fs.frank.astype(np.int64)
+    side = int((rk ** 2).max()) * 8 if len(rk) else 0
+    room = (int(available) - needs.fixed - _solve_bytes(analysis, sched) - side) // isz
+    rows = int((rk * fs.fn.astype(np.int64)).sum())
+    parts = replay_parts(fs, st, room, sched.tile, SMALL_FRONT) if rows <= room else None
+    if parts is None:
+        return None
+    peak = pm.peak_bytes()
+    mplan = MemoryPlan(plan, (other + peak,), int(available), needs.fixed, ())
+    upload = max([rows] + part_elements(fs, st, parts, sched.tile, SMALL_FRONT))
+    return MappedStage(mplan, pm, parts, peak, upload)
 
 
 def _stage_upload_elements(fs, st, tile: int) -> int:
@@ -927,12 +1070,14 @@ def _on_worker(fn, name: str):
 
 
 def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle, pins=None,
-         pipelining, keep_last=True, cache_dense=True, host_stages=None):
+         pipelining, keep_last=True, cache_dense=True, host_stages=None, mapped=None):
     """Run every stage on ``device``, then assemble R and the :class:`GpuQR`.
 
     ``host_side``: the future of :func:`_host_side`; ``t0``/``t1``: start and
     end of the schedule's build (``info["seconds"]``); ``pins``: the device layer's
     pinned buffers for the stages (:class:`~.call_pins.CallPins`), given back after them.
+    ``mapped``: the :class:`MappedStage` of a one-stage schedule whose pool is mapped
+    chunk by chunk (``Q``'s replay then reads it in its parts).
     """
     m, n = Ac.shape
     dtype = r_dtype(Ac)
@@ -941,14 +1086,16 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
         device.pinned_ahead = pins
     try:
         loop = StageLoop(Ac, analysis, device, sched, host_side, cold, tile=tile, bundle=bundle,
-                         pipelining=pipelining, keep_last=keep_last, host_stages=host_stages)
+                         pipelining=pipelining, keep_last=keep_last, host_stages=host_stages,
+                         pool_map=None if mapped is None else mapped.pmap)
     except BaseException:
         _pins_done(device, pins)
         raise
     # a pattern's first factorization: Q's replay plan made while the stage runs
     # (read by the first Qᵀb), once R's worker is done
     plan_ahead = (replay_ahead.start(m, n, analysis, sched, host_side, device)
-                  if replay_ahead.wanted(device, sched, host_stages) else None)
+                  if mapped is None and replay_ahead.wanted(device, sched, host_stages)
+                  else None)
     try:
         for sid, st in enumerate(sched.stages):
             loop.run_stage(sid, st)
@@ -963,24 +1110,29 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     dense = _dense_fronts(sched, loop.dense_parts, slots_of, cache_device=cache_dense,
                           host=set(host_stages.values()))
     fronts = loop.front_list(slots_of)
+    launch_base = loop.launch_base
+    if mapped is not None:          # Q's replay reads the stage's host pool part by part
+        launch_base = list(mapped.parts)
+        for p in range(1, len(launch_base)):
+            loop.host_pools[p] = loop.host_pools[0]
     qr = GpuQR(shape=(m, n), R=None, colperm=analysis.colperm.astype(np.int64),
                rank=int(min(m, n)), tol=None, flops=float(analysis.flops), info={},
                analysis=analysis, qorder=layout.qorder.copy(), schedule=sched,
                _fronts=fronts, _vt=None, _dense=dense, _device=device,
                _pending=loop.pending, _stage_pools=loop.stage_pools,
                _host_pools=loop.host_pools, _front_loc=loop.front_loc,
-               _front_launch=loop.front_launch, _launch_base=loop.launch_base,
-               _host_stages=host_stages)
+               _front_launch=loop.front_launch, _launch_base=launch_base,
+               _host_stages=host_stages, _replay_by_launch=mapped is not None)
     if plan_ahead is not None:
         qr._replay["plan_ahead"] = plan_ahead
 
     def assemble():
         return assemble_r(Ac, layout, loop.r_values(), dtype, loop.pattern.result(),
                           data=loop.r_data)
-    if len(sched.stages) > 1:
-        # Q's first stage goes up for the solves (its replay's executor made
-        # here) while R is assembled on a worker (mostly compiled scatters and
-        # waits): the host's work; the link idle otherwise
+    if len(sched.stages) > 1 or mapped is not None:
+        # Q's first stage (a mapped stage's first part) goes up for the solves (its
+        # replay's executor made here) while R is assembled on a worker (mostly
+        # compiled scatters and waits): the host's work; the link idle otherwise
         assembly = _on_worker(assemble, "gpuqr-assemble-r")
         early = gpu_solve.prefetch_first(qr)
         qr.R = assembly.result()

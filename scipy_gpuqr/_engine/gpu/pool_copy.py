@@ -120,6 +120,9 @@ class _FrontCopy:
         self.waiting_elems = 0
         self.min_elems = max(int(min_bytes) // int(itemsize), 1)
         self.copies = 0
+        #: elements not final yet sent between two final runs (:data:`MERGE_GAP`;
+        #: 0 for a mapped pool, whose chunks not mapped yet must not be read)
+        self.gap = MERGE_GAP
         self.sent = np.zeros(len(final.start), dtype=bool)    # per front (pool order)
         self.extras = {}                # front (pool order) -> blocks to place after it
         self.placed = 0
@@ -160,6 +163,11 @@ class _FrontCopy:
     def _landed(self):
         return None
 
+    def landed(self):
+        """What a reader of the host pool waits for before it reads what was sent
+        so far (an event after the copies; None where they are done)."""
+        return self._landed()
+
     def _take(self, L) -> None:
         fin, order = self.final, self.order
         k = self.next
@@ -175,7 +183,7 @@ class _FrontCopy:
             return
         idx = np.asarray(self.waiting, dtype=np.int64)
         self.waiting, self.waiting_elems = [], 0
-        self._copy(_runs(self.final.start[idx], self.final.end[idx], MERGE_GAP))
+        self._copy(_runs(self.final.start[idx], self.final.end[idx], self.gap))
         self.copies += 1
         self.sent[idx] = True
         for i in idx.tolist():
@@ -188,6 +196,12 @@ class _FrontCopy:
         self._take(int(L))
         if self.waiting_elems >= self.min_elems:
             self._flush()
+
+    def send_final(self, L: int) -> None:
+        """Every front final by launch ``L`` sent now, however few bytes (a
+        mapped pool's chunks are unmapped once their fronts went)."""
+        self._take(int(L))
+        self._flush()
 
     def launches_done(self) -> None:
         """Every launch is enqueued: the rest goes after the last one."""

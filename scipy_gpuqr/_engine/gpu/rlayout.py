@@ -314,6 +314,12 @@ class RLayout:
                 hit = self._extras[key] = make()
         return hit
 
+    def extra_if_made(self, key):
+        """The per-layout cached object of ``key`` (:meth:`extra`), or None where
+        none was made yet (nothing is made here)."""
+        with self._lock:
+            return self._extras.get(key)
+
     def pattern_copy(self) -> tuple:
         """Fresh ``(indices, indptr)`` for one R (the cached ones stay read-only)."""
         return _copy(self.indices), self.indptr.copy()

@@ -215,7 +215,7 @@ def _global_rows(rec: np.ndarray, rowmap: np.ndarray, tile: int, pad: int) -> np
 
 def build_replay_plan(m: int, fronts: list, *, tile: int, bundle: int,
                       launch_base: list, dense: dict | None = None,
-                      verify: bool = False) -> ReplayPlan:
+                      verify: bool = False, by_launch: bool = False) -> ReplayPlan:
     """Group the kept reflectors of a factorization into levels.
 
     Parameters
@@ -237,6 +237,11 @@ def build_replay_plan(m: int, fronts: list, *, tile: int, bundle: int,
     verify : bool
         Check that the records of every level touch disjoint global rows
         (O(rows touched); the tests and debug mode do).
+    by_launch : bool
+        A level's stage is the one ``launch_base`` puts its launch in, not its
+        fronts' stage: a stage whose pool went to the host whole but is read
+        in parts of its launches (a mapped pool, each part's reflectors
+        uploaded in turn; ``launch_base`` then holds the parts' first launches).
 
     Returns
     -------
@@ -271,6 +276,9 @@ def build_replay_plan(m: int, fronts: list, *, tile: int, bundle: int,
     order = np.argsort(lau, kind="stable")
     rec = take_records(rec, order)
     lau, stg = lau[order], stg[order]
+    if by_launch:
+        stg = np.searchsorted(np.asarray(launch_base if len(launch_base) else [0],
+                                         dtype=np.int64), lau, side="right") - 1
     # levels: the factorization's launches that kept reflectors or end with a dense front
     dense_at: dict = {}
     for f in sorted(dense):
@@ -796,7 +804,8 @@ def _built_plan(qr) -> ReplayPlan:
     return build_replay_plan(qr.shape[0], fronts, tile=sched.tile, bundle=sched.bundle,
                              launch_base=qr._launch_base,
                              dense=getattr(qr, "_dense", {}) or {},
-                             verify=bool(getattr(qr._device, "debug", False)))
+                             verify=bool(getattr(qr._device, "debug", False)),
+                             by_launch=bool(getattr(qr, "_replay_by_launch", False)))
 
 
 def _plan_key(qr) -> tuple:
@@ -808,6 +817,7 @@ def _plan_key(qr) -> tuple:
         dense = getattr(qr, "_dense", {}) or {}
         key = qr._replay["plan_key"] = (
             "replay_plan", int(qr.shape[0]), tuple(qr._launch_base),
+            bool(getattr(qr, "_replay_by_launch", False)),
             tuple(tuple(x) for x in qr._front_loc),
             tuple(sorted((int(f), int(d.after_launch)) for f, d in dense.items())))
     return key

@@ -23,12 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..._errors import GpuEngineError
+from ..._errors import DeviceOutOfMemory, GpuEngineError
 from ..._schedule import native
 from ..._schedule.tasks import TaskType, factorizes, take_records
 from .. import native as engine_native
 from .device import CupyDevice, HostFrontDevice, pool_block
 from .pool_copy import front_finality, place_upper
+from .pool_mapper import PoolMapper
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
                     strided_runs, touched)
 from .rlayout import r_layout_cached
@@ -61,10 +62,15 @@ class StageLoop:
     ``host_pools``. The blocks earlier stages place into that pool are
     assembled into its front ahead of it, on the host layer's worker, as
     they land (:meth:`hand_ahead`).
+
+    ``pool_map`` (a :class:`~scipy_gpuqr._engine.pool_map.PoolMap`, one stage
+    only): the stage's pool is backed chunk by chunk around its launches
+    (:class:`~.pool_mapper.PoolMapper`); it goes to the host during the stage
+    (``keep_last`` is off) and R's values come from that host pool.
     """
 
     def __init__(self, Ac, analysis, device, sched, host_side, cold, *, tile, bundle,
-                 pipelining, keep_last=True, host_stages=None):
+                 pipelining, keep_last=True, host_stages=None, pool_map=None):
         fs = analysis.fronts
         nf = fs.nfronts
         self.analysis, self.fs, self.device, self.sched = analysis, fs, device, sched
@@ -120,6 +126,17 @@ class StageLoop:
         # done), for the launches left: ``(copier, positions)`` once open
         self.late = self.nstage == 1 and self.warm is None
         self.late_copier = None
+        self.pool_map = pool_map
+        self.r_split = None                 # a mapped stage: the launch of R's early gather
+        self.r_split_key = None             # its entries' split (early, late), kept with R's layout
+        self.mapper = None                  # the stage's PoolMapper while it runs
+        self.mapped_info = None             # its counts, once the stage ended
+        if pool_map is not None:
+            if self.nstage != 1 or cold:
+                raise GpuEngineError("a mapped pool needs one stage with its records known")
+            keep_last = False
+            self.warm = None
+            self.late = False
         self.keep_last = bool(keep_last)    # the last stage's pool stays on the device
         self.host_stages = dict(host_stages or {})
         self.host_dev = None
@@ -165,9 +182,19 @@ class StageLoop:
         # overlapping the next stage; the last stage has none to overlap, so its R is
         # copied progressively from the device as for a pool that stays
         last = sid + 1 >= self.nstage
-        if down is not None and not last:
+        if self.pool_map is not None:
+            if down is None:
+                device.release(h["pool"])
+                raise DeviceOutOfMemory("a mapped pool needs its copy to the host "
+                                        "(no pinned host memory for it)")
+            down.gap = 0            # never read a chunk not mapped yet
+            self.mapper = PoolMapper(self.pool_map, device, h, down)
+            self.r_split = self.mapped_r_split(st, down.final)
+        # a mapped pool's R comes from its host pool like an earlier stage's
+        from_host = down is not None and (not last or self.mapper is not None)
+        if from_host:
             self.make_r_data_ahead()
-        copier, pos = ((None, None) if down is not None and not last
+        copier, pos = ((None, None) if from_host
                        else self.open_progressive_copy(sid, st, h))
         self.make_host_r_out(sid)
         if copier is None and down is None:
@@ -175,7 +202,7 @@ class StageLoop:
         try:
             if down is not None:
                 self.place_early(st, down)
-            self.launch_all(sid, st, h, copier, down)
+            self.launch_all(sid, st, h, copier, down, self.mapper)
             t_launched = time.perf_counter()
             if down is not None:
                 self.place_early(st, down)
@@ -199,6 +226,9 @@ class StageLoop:
             for c in (copier, down):
                 if c is not None:
                     c.abort()
+            if self.mapper is not None:     # the range and its chunks go at once
+                self.mapper = None
+                device.release(h["pool"])
             raise
         finally:
             if self.host_dev is not None:
@@ -206,6 +236,9 @@ class StageLoop:
         tw = time.perf_counter()
         host = None
         how = "progressive" if getattr(copier, "final", None) is not None else "after the launches"
+        if self.mapper is not None:
+            self.mapped_info = self.mapper.info()
+            self.mapper = None
         if down is not None:
             host = down.result()
             self.pool_copies.append(down.copies)
@@ -225,7 +258,8 @@ class StageLoop:
             values = self.host_r_values(copier)
         else:
             # R's values gathered from the pool sent down, on a worker thread while
-            # the next stages run (:meth:`r_values` collects them)
+            # the next stages run (:meth:`r_values` collects them; a mapped stage's
+            # while its pool goes and R's assembly begins)
             pos, gidx = self.gmaps[sid]
             if self._r_data_job is None and self.r_data is None:
                 self.r_data = np.zeros(self.layout.nnz, dtype=self.r_dtype)
@@ -255,7 +289,8 @@ class StageLoop:
 
     def mark(self, what: str, t=None) -> None:
         """A point of the loop's timeline (``info['timeline']``: seconds from the
-        loop's start; the gathers' start and end, each stage's end)."""
+        loop's start; the gathers' start and end, a mapped stage's early gather's
+        (``h``, ``H``), each stage's end)."""
         self.timeline.append((what, round((time.perf_counter() if t is None else t)
                                           - self.t_start, 4)))
 
@@ -289,7 +324,12 @@ class StageLoop:
         """Stage ``sid``'s R values from its host pool into R's data (the gather
         thread), its start and end on the timeline."""
         self.mark(f"g{sid}")
-        _gather_into(self._data(), pos, host, gidx)
+        if pos is None and self.r_split_key is not None:    # a mapped stage's rest
+            _take_some(self._data(), self.r_split_key[1], host, gidx)
+        elif pos is None:           # every entry of R in order (one stage: a mapped pool)
+            _take_into(self._data(), host, gidx)
+        else:
+            _gather_into(self._data(), pos, host, gidx)
         self.mark(f"G{sid}")
 
     def gather_thread(self) -> ThreadPoolExecutor:
@@ -315,7 +355,8 @@ class StageLoop:
         carried = [(off, cb) for c, off in st.carried.items()
                    for cb in (self.host_cb.pop(c),) if cb is not _PLACED]
         s0, s1 = st.s_range
-        h = self.dev(sid).begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], carried)
+        mapped = {} if self.pool_map is None else {"pool_map": self.pool_map}
+        h = self.dev(sid).begin_stage(st, fs.s_index[s0:s1], self.vals[s0:s1], carried, **mapped)
         self.launch_base.append(int(sum(s_.nlaunch for s_ in self.sched.stages[:sid])))
         return h
 
@@ -445,12 +486,13 @@ class StageLoop:
         self.progressive += 1
         return copier
 
-    def launch_all(self, sid: int, st, h, copier, down=None) -> None:
+    def launch_all(self, sid: int, st, h, copier, down=None, mapper=None) -> None:
         """Every launch of the stage, in order.
 
         A dense front is factorized right after the launch that completes its
         assembly and joined before the launch that packs it into its parent
-        (or at the stage's end).
+        (or at the stage's end). ``mapper``: a mapped pool's chunks mapped
+        before each launch (:class:`~.pool_mapper.PoolMapper`).
         """
         fs, device = self.fs, self.dev(sid)
         dense_at, join_at = {}, {}
@@ -462,6 +504,8 @@ class StageLoop:
                 raise GpuEngineError(f"launch {L} of stage {i} yielded in stage {sid}")
             for done in join_at.pop(L, ()):     # its parent packs it now
                 device.dense_join(h, done)
+            if mapper is not None:
+                mapper.before_launch(L)
             device.launch(h, L, rec)
             for f in dense_at.get(L, ()):       # assembled by launch L: factorize now
                 Fv, panels, T, done = device.dense_factorize(
@@ -478,6 +522,67 @@ class StageLoop:
                 copier.after_launch(L)
             if down is not None:
                 down.after_launch(L)
+            if mapper is not None and L == self.r_split:
+                self.gather_early(sid, down, L)
+
+    def mapped_r_split(self, st, final):
+        """The launch after which a mapped stage's R entries final by then are
+        gathered from its host pool on the gather thread while the later
+        launches run (:meth:`gather_early`): where 90 % of R's entries are final,
+        but with a fifth of the launches left at least; None without R's layout
+        known yet (a cold pattern) or too few launches."""
+        nl = int(st.nlaunch)
+        lay = self.layout if self.layout is not None else r_layout_cached(self.analysis)
+        if lay is None or nl < 5 or not len(final.start):
+            return None
+        off = np.asarray(st.foff, dtype=np.int64)
+        a, b = (int(x) for x in st.fronts)
+        f = np.arange(a, b + 1)
+        f = f[off[f] >= 0]
+        at = np.searchsorted(final.start, off[f])
+        inside = at < len(final.start)
+        f, at = f[inside], at[inside]
+        ok = final.start[at] == off[f]
+        f, at = f[ok], at[ok]
+        nnz = np.asarray(self.analysis.front_nnz_R, dtype=np.int64)[f]
+        order = np.argsort(final.last[at], kind="stable")
+        cum = np.cumsum(nnz[order])
+        if not len(cum) or cum[-1] <= 0:
+            return None
+        k = int(np.searchsorted(cum, 0.9 * cum[-1]))
+        return int(min(final.last[at][order][min(k, len(order) - 1)], nl - 1 - nl // 5))
+
+    def gather_early(self, sid: int, down, L: int) -> None:
+        """A mapped stage's R entries final by launch ``L``: their fronts sent now,
+        then gathered from the host pool on the gather thread once the copies
+        landed, while the device runs the later launches; the rest after the
+        stage (:meth:`_gather_stage`). The entries' split is made once per
+        pattern and kept with R's layout: a pattern's first mapped run makes it
+        on a worker of its own and gathers all of R after its stage."""
+        lay = self.layout if self.layout is not None else r_layout_cached(self.analysis)
+        _, gidx = lay.stage_maps(self.plan_stages)[sid]
+        final, host = down.final, down.host
+        key = ("mapped_r_split", self.fkey, int(sid), int(L))
+        split = lay.extra_if_made(key)
+        if split is None:
+            def make():
+                made = _split_by_finality(gidx, final, L)
+                lay.extra(key, lambda: made)
+            _on_worker(make, "gpuqr-r-split")
+            return
+        down.send_final(L)
+        landed = down.landed()
+        if self._r_data_job is None and self.r_data is None:
+            self.r_data = np.zeros(lay.nnz, dtype=self.r_dtype)
+
+        def job():
+            self.mark(f"h{sid}")
+            if landed is not None:
+                landed.synchronize()
+            _take_some(self._data(), split[0], host, gidx)
+            self.mark(f"H{sid}")
+        self.r_split_key = split
+        self.gather_thread().submit(job)
 
     def wait_host_side(self) -> None:
         """R's layout, gather maps and the future of its pattern's copy from the worker
@@ -777,6 +882,7 @@ class StageLoop:
                             "wait_gpu": dev_s.get("wait", 0.0),
                             "wait_r_copy": self.t_r_wait,
                             "wait_pool_copy": self.t_pool_wait,
+                            "wait_unmap": dev_s.get("unmap_wait", 0.0),
                             "wait_r_gather": self.t_r_gather_wait,
                             "host_fronts": self.t_host},
                 "host_fronts_factorized_on": ([] if self.host_dev is None
@@ -794,7 +900,8 @@ class StageLoop:
                 "hand_on_seconds": list(self.hand_on_seconds),
                 "timeline": list(self.timeline),
                 "last_pool_on_device": bool(self.keep_last
-                                            and self.nstage - 1 not in self.host_stages)}
+                                            and self.nstage - 1 not in self.host_stages),
+                "pool_map": self.mapped_info}
 
 
 def stage_reflector_records(sched, sid: int, st, base: int):
@@ -939,6 +1046,60 @@ def _gather_into(data, pos, host, gidx) -> None:
         raise GpuEngineError(f"R's gather: {len(gidx)} sources for {n} positions")
     engine_native.gather(lib, data, pos, host, gidx,
                          native.thread_count(n, GATHER_PER_THREAD, GATHER_THREADS))
+
+
+def _take_into(data, host, gidx) -> None:
+    """``data[:len(gidx)] = host[gidx]`` by threads (NumPy's take releases the
+    GIL): R's values of a one-stage factorization from its host pool, in R's
+    order (R's layout's gather map of its only stage)."""
+    gidx = np.asarray(gidx)
+    n = len(gidx)
+    if n > len(data):
+        raise GpuEngineError(f"R's gather: {n} sources for {len(data)} entries")
+    src = host if host.dtype == data.dtype else host.astype(data.dtype)
+
+    def take(i0, i1):
+        np.take(src, gidx[i0:i1], out=data[i0:i1])
+
+    native.run_split(take, 0, n, GATHER_PER_THREAD)
+
+
+def _on_worker(fn, name: str) -> None:
+    """``fn()`` on a thread of its own, not waited for."""
+    ex = ThreadPoolExecutor(1, thread_name_prefix=name)
+    try:
+        ex.submit(fn)
+    finally:
+        ex.shutdown(wait=False)
+
+
+def _take_some(data, which, host, gidx) -> None:
+    """``data[which] = host[gidx[which]]`` by threads (NumPy's fancy indexing
+    releases the GIL)."""
+    def take(i0, i1):
+        sub = which[i0:i1]
+        data[sub] = host[gidx[sub]]
+
+    native.run_split(take, 0, len(which), GATHER_PER_THREAD)
+
+
+def _split_by_finality(gidx, final, L: int) -> tuple:
+    """``(early, late)``: positions of R's entries (``gidx``: their pool elements)
+    whose front is final by launch ``L`` (:class:`~.pool_copy.FrontFinality`),
+    and the others (int64)."""
+    g = np.asarray(gidx)
+    starts = final.start.astype(g.dtype) if g.dtype.kind == "i" else final.start
+    ends, last = final.end, final.last
+    early = np.empty(len(g), dtype=bool)
+
+    def mark(i0, i1):               # by threads: searchsorted and the masks drop the GIL
+        part = g[i0:i1]
+        i = np.searchsorted(starts, part, side="right") - 1
+        ic = np.maximum(i, 0)
+        early[i0:i1] = (i >= 0) & (part < ends[ic]) & (last[ic] <= int(L))
+
+    native.run_split(mark, 0, len(g), GATHER_PER_THREAD)
+    return np.flatnonzero(early), np.flatnonzero(~early)
 
 
 def assemble_r(Ac, layout, r_parts, dtype, pattern, data=None):

@@ -47,10 +47,11 @@ from scipy.sparse.linalg import spsolve_triangular as host_spsolve_triangular
 from ..._kernels import load_module
 from ..._validate import device_csr
 from ..memory import available_bytes, make_room
+from ..pool_map import part_elements
 from . import array_ops as ops
 from . import solve_kernels as av
 from .peer_rows import PeerRows
-from .reflector_upload import packed_size_bound
+from .reflector_upload import SMALL_FRONT, packed_size_bound
 
 __all__ = ["FrontTriangular", "TriangularPlan", "SPLIT_SOLVE", "split_stages", "stage_devices"]
 
@@ -604,12 +605,17 @@ def replay_upload_bytes(qr) -> int:
     """Device bytes ``Q``'s replay uploads at once for a stage whose pool left the
     device: the largest bound of a stage's packed reflector pieces
     (:func:`~.reflector_upload.packed_size_bound`, dense fronts whole) over the
-    stages whose pool is on the host, host stages (applied on the host) aside;
-    0 when there is none."""
+    stages whose pool is on the host, host stages (applied on the host) aside
+    (a mapped stage read in parts: its largest part's,
+    :func:`~scipy_gpuqr._engine.pool_map.part_elements`); 0 when there is none."""
     sched = getattr(qr, "schedule", None)
     if sched is None or not getattr(sched, "stages", None):
         return 0
     fs = qr.analysis.fronts
+    if getattr(qr, "_replay_by_launch", False):     # one stage read in parts of its launches
+        isz = np.dtype(getattr(qr._device, "dtype", np.float64)).itemsize
+        return max(part_elements(fs, sched.stages[0], list(qr._launch_base), sched.tile,
+                                 SMALL_FRONT), default=0) * isz
     skip = set(getattr(qr, "_host_stages", {}) or {}) | set(getattr(qr, "_stage_pools", {}) or {})
     isz = np.dtype(getattr(qr._device, "dtype", np.float64)).itemsize
     most = 0
