@@ -495,6 +495,83 @@ def test_nullspace_cod_reads_the_queued_qtb_on_the_device(monkeypatch, rng):
     assert np.linalg.norm(x2 - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
 
 
+@pytest.mark.parametrize("case", ["ch6-7-3", "qap10T"])
+def test_queued_decision_equals_the_synchronous_steps(monkeypatch, rng, case):
+    """The decision queued beside ``Qᵀb``'s replay (``rhs_device``: the device steps up
+    to V_d's first CholeskyQR pass on the side stream before the replay, the checks
+    read after it; ``lsqr``'s and ``QRFactorization.solve``'s) on a
+    chessboard and a QAP linearization's transpose (ch- and lp-class): the same
+    rank as the synchronous steps (``Qᵀb`` fetched first), x within 1e-10 of theirs
+    and within 1e-9 of lstsq's, b's ``Qᵀ`` replayed once, no Householder."""
+    import cupy
+    from scipy_gpuqr._factor import solve_rank as sr
+    from scipy_gpuqr._factor.factored import FactoredQR
+    from scipy_gpuqr._testing_matrices import qap_linearization
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
+    monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
+    householder = []
+    real = sr.array_ops.thin_qr
+    monkeypatch.setattr(sr.array_ops, "thin_qr",
+                        lambda *a, **k: householder.append(1) or real(*a, **k))
+    A = (chessboard_boundary(6, 7, 3) if case == "ch6-7-3"       # 12600×4200
+         else sp.csc_array(qap_linearization(10).T))             # 4150×1820
+    b = rng.standard_normal(A.shape[0])
+    x2 = lsqr(A, b, backend="gpu")[0]                      # queued too
+    runs = []
+    for arm in ("queued", "fetched first"):
+        if arm != "queued":
+            monkeypatch.setattr(FactoredQR, "_device_rhs", lambda self, B, given: None)
+        F = QRFactorization(A, backend="gpu")
+        replays = []
+        real_qt = F._core.num.qt_matmul
+        F._core.num.qt_matmul = lambda B, real=real_qt: (
+            replays.append(isinstance(B, cupy.ndarray)) or real(B))
+        x = F.solve(b)
+        solver = F._core.rank_decision()
+        assert solver.method == "nullspace_cod" and solver.cod_device == "gpu"
+        assert isinstance(solver._cod._v, cupy.ndarray)
+        runs.append((x, int(F.rank), replays))
+        F.free()
+    (x, rank, replays), (x_first, rank_first, _) = runs
+    # b's Qᵀ replayed once, queued on the device (the refinement's residuals, if any,
+    # on the host)
+    assert rank == rank_first and replays[0] is True and not any(replays[1:])
+    assert not householder
+    assert np.linalg.norm(x - x_first) <= 1e-10 * np.linalg.norm(x_first)
+    if A.shape[1] <= 2000:
+        x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
+        assert rank == np.linalg.matrix_rank(A.toarray())
+        assert np.linalg.norm(x - x_ref) <= 1e-9 * np.linalg.norm(x_ref)
+    assert np.linalg.norm(x2 - x_first) <= 1e-10 * np.linalg.norm(x_first)
+
+
+def test_queued_thin_qr_on_the_device(monkeypatch, rng):
+    """``orth_queued`` on the device, nothing read back before ``result()``: ``orth``'s
+    Q and R to the bit with both passes queued where ``orth`` takes two (condition
+    1e4, 1e6) and with the second left to ``result()`` wherever (condition 1 too);
+    Householder's, as ``orth``'s, for a block CholeskyQR2 cannot factor accurately
+    (condition 1e13)."""
+    import cupy
+    from scipy_gpuqr._factor import solve_rank as sr
+    blocks = sr._DeviceBlocks(cupy)
+    q, d = 6000, 400
+    U, _ = np.linalg.qr(rng.standard_normal((q, d)))
+    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    real = sr.array_ops.thin_qr
+    for decades in (0, 4, 6, 13):
+        Xd = cupy.asarray(np.ascontiguousarray((U * np.logspace(0, -decades, d)) @ V.T))
+        X0 = Xd.get()
+        Q, R = blocks.orth(Xd)
+        for both in ((False, True) if decades else (False,)):
+            calls = []
+            monkeypatch.setattr(sr.array_ops, "thin_qr",
+                                lambda *a, **k: calls.append(1) or real(*a, **k))
+            Qg, Rg = blocks.orth_queued(Xd, blocks.unit_vectors(d), both=both).result()
+            assert bool(calls) == (decades == 13)
+            assert np.array_equal(Xd.get(), X0)
+            assert np.array_equal(Qg.get(), Q.get()) and np.array_equal(Rg.get(), R.get())
+
+
 def test_nullspace_cod_blocks_on_the_host_when_the_device_is_full(monkeypatch, rng):
     """The device's q × d blocks do not fit (an out-of-memory forced): the blocks
     stay on the host, the solves still run on the device, rank and minimum-norm

@@ -382,8 +382,12 @@ def _fake_device(monkeypatch):
 
     def trsm_left(A, lda, B, ldb, m, n, *, lower, trans, unit):
         a, b = _colmajor(A, lda, m, m), _colmajor(B, ldb, m, n)
-        b[...] = la.solve_triangular(a.copy(), b.copy(), lower=lower, trans=1 if trans else 0,
-                                     unit_diagonal=unit, check_finite=False)
+        try:
+            b[...] = la.solve_triangular(a.copy(), b.copy(), lower=lower,
+                                         trans=1 if trans else 0, unit_diagonal=unit,
+                                         check_finite=False)
+        except la.LinAlgError:              # a zero pivot: cuBLAS's trsm gives non-finite values
+            b[...] = np.nan
 
     def cholesky_upper(G):                  # potrf: the upper triangle, column-major
         n = G.shape[0]
@@ -392,6 +396,9 @@ def _fake_device(monkeypatch):
         iu = np.triu_indices(n)
         a[iu] = c[iu]
         return int(info)
+
+    def cholesky_upper_queued(G):           # its info as a device array, read later
+        return np.array([cholesky_upper(G)], dtype=np.int32)
 
     def copy_into(dst, src):
         dst[...] = src
@@ -408,11 +415,13 @@ def _fake_device(monkeypatch):
                                                 # test_gpu_array_ops')
     fake = types.SimpleNamespace(**{f.__name__: op(f) for f in (
         fresh_float64, column_norms, column_absmax, divide_columns, subtract_into, thin_qr,
-        trsm_left, cholesky_upper, copy_into, contiguous_copy, unit_triangle, normal_block)})
+        trsm_left, cholesky_upper, cholesky_upper_queued, copy_into, contiguous_copy,
+        unit_triangle, normal_block)})
     monkeypatch.setattr(sr, "array_ops", fake)
     xp = types.ModuleType("cupy")
     xp.asarray = np.asarray
     xp.empty = np.empty
+    xp.broadcast_to = np.broadcast_to
     xp.cuda = _FakeCuda()
     return xp, called
 
@@ -553,13 +562,15 @@ def test_device_thin_qr_by_cholesky_qr2(rng, monkeypatch, decades):
     X0 = X.copy()
     Q, R = blocks.orth(X)
     assert "thin_qr" not in called
-    assert called.count("cholesky_upper") == (1 if decades == 0 else 2)
+    assert called.count("cholesky_upper_queued") == 1      # the first pass's potrf
+    assert called.count("cholesky_upper") == (0 if decades == 0 else 1)
     assert np.array_equal(X, X0)
     assert np.linalg.norm(Q.T @ Q - np.eye(d)) <= (
         _sr.CHOLQR_ONE_PASS * d * EPS if decades == 0 else 1e-14)
     G = Q.T @ Q
     G0 = G.copy()
-    assert blocks._departure(G) == pytest.approx(np.linalg.norm(G0 - np.eye(d)), rel=1e-6)
+    departure = blocks._departure_read(*blocks._departure_queued(G, *blocks.unit_vectors(d)))
+    assert departure == pytest.approx(np.linalg.norm(G0 - np.eye(d)), rel=1e-6)
     assert np.array_equal(G, G0)
     assert np.array_equal(R, np.triu(R)) and np.all(np.diag(R) > 0)
     assert np.linalg.norm(Q @ R - X) <= 1e-14 * np.linalg.norm(X)
@@ -588,11 +599,17 @@ def test_device_thin_qr_falls_back_to_householder(rng, monkeypatch, how):
         X = rng.standard_normal((q, d))
         X[3, 7] = np.inf
     with np.errstate(all="ignore"):
-        assert blocks._cholesky_qr2(X, True) is None
+        got = blocks.orth_queued(X, blocks.unit_vectors(d), both=False)
+        if how == "not finite":     # (the emulated Householder QR checks finiteness)
+            with pytest.raises(ValueError, match="infs or NaNs"):
+                got.result()
+            assert "thin_qr" in called
+            return
+        got.result()
+    assert "thin_qr" in called
     if how == "departure":      # the first pass ran, its Q₁ too far from orthonormal
-        assert called.count("cholesky_upper") == called.count("trsm_left") == 1
-    if how == "not finite":
-        return                  # (the emulated Householder QR checks finiteness)
+        assert called.count("cholesky_upper_queued") == called.count("trsm_left") == 1
+        assert "cholesky_upper" not in called
     called.clear()
     Q, R = blocks.orth(X)
     assert "thin_qr" in called
@@ -955,13 +972,16 @@ def test_first_block_beside_the_fetch(rng, monkeypatch):
     assert len(cuda.made) == n and ("rhs", 0) == calls[0]
 
 
-def test_first_block_beside_the_queued_rhs(rng, monkeypatch):
-    """``rhs_device`` with ``rhs_beside``: the block is queued on the caller's
-    stream by the calling thread after ``R⁻ᵀΩ`` and not waited for, the thin QR
-    follows on the side stream, the solve with ``R⁻¹`` reads the device block, and the host copy (``rhs()``) is asked for only
-    once that solve is queued; rank, residual, ν and the solutions equal those of
-    the fetch first, and the first solve of C takes its columns from the
-    decision's solve (no solve of its own)."""
+def test_queued_decision_solves_beside_the_replay(rng, monkeypatch):
+    """``rhs_device`` with ``rhs_beside``: the decision's steps up to ``R V_d`` are
+    queued on the side stream (``R⁻ᵀΩ``, then ``R⁻¹[U_d, P_U W]``) before the
+    calling thread queues the block on its own stream (not waited for);
+    ``R⁻¹ P_U C`` follows on the caller's stream once ``U_d`` is made, then the
+    host copy (``rhs()``) is asked for; the caller's stream waits for the side
+    stream before the probe. Rank and ν are those of the fetch first, the
+    residual and the solutions to rounding (``V_d`` by two CholeskyQR passes
+    always), and the first solve of C takes its columns from the decision's
+    solve (no solve of its own)."""
     import threading
     q, up, upt, dead, tol, host = _chess_cod(False)
     xp, _ = _fake_device(monkeypatch)
@@ -978,20 +998,124 @@ def test_first_block_beside_the_queued_rhs(rng, monkeypatch):
     cod = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True,
                        rhs_device=rhs_device)
     side = cuda.made[0].id
-    assert calls == [("inv_t", side), ("rhs_device", 0), ("inv", 0), ("rhs", 0)]
+    assert calls == [("inv_t", side), ("inv", side), ("rhs_device", 0), ("inv", 0), ("rhs", 0)]
     assert threads == [threading.get_ident()]
     assert cuda.events == [(0, "record", None), (side, "wait", 0), (side, "record", None),
-                           (0, "wait", side)]
+                           (0, "wait", side), (side, "record", None), (0, "wait", side)]
     assert cod.rhs_device is None and cod.rhs is None
     first = NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=rhs, rhs_beside=True)
     G = _chess_r((5, 6, 2))[2]
     assert first.rank == cod.rank == 271
-    assert first.residual == cod.residual and first.nu == cod.nu
+    assert cod.residual == pytest.approx(first.residual, rel=1e-2)    # rounding noise
+    assert cod.certain() and first.certain()
+    assert cod.nu == pytest.approx(first.nu, rel=1e-10) and cod.margin == first.margin
     del calls[:]
-    np.testing.assert_array_equal(cod.solve(C), first.solve(C))
+    Y, Yf = cod.solve(C), first.solve(C)
     assert calls == []                          # both took R⁻¹ P_U C from their decision
-    np.testing.assert_array_equal(cod.solve(C, matmul=lambda Y: G @ Y),
-                                  first.solve(C, matmul=lambda Y: G @ Y))
+    assert np.linalg.norm(Y - Yf) <= 1e-12 * np.linalg.norm(Yf)
+    Y, Yf = (c.solve(C, matmul=lambda Y: G @ Y) for c in (cod, first))
+    assert np.linalg.norm(Y - Yf) <= 1e-12 * np.linalg.norm(Yf)
+
+
+@pytest.mark.parametrize("refused", [1, 3])
+def test_queued_decision_takes_householder_where_cholesky_qr2_refuses(rng, monkeypatch,
+                                                                      refused):
+    """A queued thin QR whose Cholesky factorization fails (the ``refused``-th
+    ``potrf``: U_d's first pass, or V_d's) is replaced by Householder's, as the
+    synchronous steps' ``orth`` does: the decision and the solutions stand."""
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    xp, called = _fake_device(monkeypatch)
+    monkeypatch.setattr(_sr, "_SIDE_STREAMS", __import__("threading").local())
+    real = _sr.array_ops.cholesky_upper_queued
+    count = []
+
+    def failing(G):
+        count.append(1)
+        info = real(G)
+        return np.array([1], dtype=np.int32) if len(count) == refused else info
+    monkeypatch.setattr(_sr.array_ops, "cholesky_upper_queued", failing)
+    C = rng.standard_normal((q, 2))
+    cod = NullspaceCOD(up, upt, q, dead, tol, xp=xp, rhs=lambda: C, rhs_beside=True,
+                       rhs_device=lambda: C.copy())
+    assert called.count("thin_qr") == 1
+    assert cod.rank == host.rank == 271 and cod.certain()
+    for B in (cod._u, cod._v):
+        assert np.linalg.norm(B.T @ B - np.eye(dead)) <= 1e-13
+    np.testing.assert_allclose(cod.solve(C), host.solve(C), rtol=0,
+                               atol=1e-12 * np.linalg.norm(host.solve(C)))
+
+
+@pytest.mark.parametrize("which", ["inv_t", "inv"])
+def test_queued_decision_refuses_non_finite_solves(rng, monkeypatch, which):
+    """A NaN in ``R⁻ᵀΩ`` or in ``R⁻¹[U_d, P_U W]`` (a zero pivot) is refused once
+    the replay is queued, as the synchronous steps refuse it."""
+    q, up, upt, dead, tol, host = _chess_cod(False)
+    xp, _ = _fake_device(monkeypatch)
+    monkeypatch.setattr(_sr, "_SIDE_STREAMS", __import__("threading").local())
+    C = rng.standard_normal((q, 2))
+
+    def nan(solve):
+        def run(X):
+            out = solve(X)
+            if X.shape[1] > 2:          # not R⁻¹ P_U C's
+                out[3, 0] = np.nan
+            return out
+        return run
+    inv, inv_t = (nan(up), upt) if which == "inv" else (up, nan(upt))
+    queued = []
+    with pytest.raises(NullspaceRefused, match="non-finite"):
+        NullspaceCOD(inv, inv_t, q, dead, tol, xp=xp, rhs=lambda: C, rhs_beside=True,
+                     rhs_device=lambda: queued.append(1) or C.copy())
+    assert queued == [1]
+
+
+@pytest.mark.parametrize("both", [True, False])
+@pytest.mark.parametrize("decades", [0, 3, 6, 14])
+def test_queued_thin_qr_equals_orth(rng, monkeypatch, decades, both):
+    """``orth_queued``: ``orth``'s Q and R to the bit where CholeskyQR2 takes two
+    passes (conditions 1e3, 1e6), and with the second pass left to ``result()``
+    (``both`` False) wherever; with both passes queued where one would do
+    (condition 1), Q orthonormal and ``X = Q R`` all the same; a block CholeskyQR2
+    cannot factor accurately (condition 1e14): Householder's, as ``orth``'s. X is
+    kept."""
+    xp, called = _fake_device(monkeypatch)
+    blocks = _sr._DeviceBlocks(xp)
+    q, d = 700, 60
+    Uq, _ = np.linalg.qr(rng.standard_normal((q, d)))
+    Vq, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    X = np.ascontiguousarray((Uq * np.logspace(0, -decades, d)) @ Vq.T)
+    X0 = X.copy()
+    with np.errstate(all="ignore"):
+        got = blocks.orth_queued(X, blocks.unit_vectors(d), both=both)
+        assert np.array_equal(X, X0)
+        Qg, Rg = got.result()
+        Q, R = blocks.orth(X)
+    assert called.count("thin_qr") == (2 if decades == 14 else 0)
+    if decades or not both:
+        np.testing.assert_array_equal(Qg, Q)
+        np.testing.assert_array_equal(Rg, R)
+    if decades == 14:
+        return
+    assert np.linalg.norm(Qg.T @ Qg - np.eye(d)) <= 1e-14
+    assert np.linalg.norm(Qg @ Rg - X) <= 1e-14 * np.linalg.norm(X)
+    assert np.array_equal(np.triu(Rg), Rg)
+    Qn, none = blocks.orth_queued(X, blocks.unit_vectors(d), want_r=False, both=both).result()
+    assert none is None and np.array_equal(Qn, Qg)
+
+
+def test_scale_kept_on_the_device(rng, monkeypatch):
+    """``scaled_by_absmax``: the block ``divided(Z, finite_absmax(Z))`` gives, to the
+    bit, the same scale read back, and NaN where Z holds a NaN."""
+    xp, _ = _fake_device(monkeypatch)
+    blocks = _sr._DeviceBlocks(xp)
+    Z = np.ascontiguousarray(rng.standard_normal((50, 7)) * np.logspace(0, 5, 7))
+    X, pending, scale = blocks.scaled_by_absmax(Z)
+    s = blocks.finite_absmax(Z)
+    assert blocks.read_absmax(pending) == s
+    np.testing.assert_array_equal(X, blocks.divided(Z, s))
+    np.testing.assert_array_equal(blocks.divide_columns(Z, scale), X)
+    Z[4, 2] = np.nan
+    assert np.isnan(blocks.read_absmax(blocks.scaled_by_absmax(Z)[1]))
 
 
 def test_queued_rhs_of_another_shape_is_not_taken(rng, monkeypatch):

@@ -394,69 +394,107 @@ class _DeviceBlocks:
         return array_ops.divide_columns(X, self.xp.asarray(np.full(X.shape[1], s)))
 
     def orth(self, X, want_r: bool = True) -> tuple:
-        """Thin QR ``X = Q R`` (X is kept): CholeskyQR2 (:meth:`_cholesky_qr2`)
-        where it is accurate, else Householder (cuSOLVER ``geqrf``/``orgqr``)."""
-        got = self._cholesky_qr2(X, want_r)
-        return got if got is not None else array_ops.thin_qr(X, want_r=want_r)
+        """Thin QR ``X = Q R`` (X is kept): CholeskyQR2 where it is accurate, else
+        Householder (cuSOLVER ``geqrf``/``orgqr``): :meth:`orth_queued` with its
+        checks read at once."""
+        return self.orth_queued(X, self.unit_vectors(int(X.shape[1])), want_r,
+                                both=False).result()
 
-    def _cholesky_qr2(self, X, want_r: bool) -> Optional[tuple]:
-        """``(Q, R)`` of ``X = Q R`` by CholeskyQR2, or None where it would not be
-        accurate (then Householder answers).
-
-        Two passes of ``G = QᵀQ`` (one GEMM), ``G = UᵀU`` (cuSOLVER ``potrf``),
-        ``Q ← Q U⁻¹`` (cuBLAS ``trsm``), starting from a copy of X: a few
-        BLAS-3 calls where ``geqrf``/``orgqr`` spend most of their time in
-        panel factorizations. The first pass leaves
-        ``‖Q₁ᵀQ₁ − I‖ ≈ κ(X)²·u`` (computed exactly, from ``G − I``); the second
-        is taken only where that departure is at most
-        :data:`CHOLQR_MAX_DEPARTURE` (then ``κ(Q₁)² <= 3``), and gives ``Q``
-        orthonormal and ``X = Q R`` to working precision (Yamamoto, Nakatsukasa,
-        Yanagisawa, Fukaya, ETNA 44, 2015); it is not needed where the first
-        already leaves at most ``CHOLQR_ONE_PASS·d·eps`` (:data:`CHOLQR_ONE_PASS`). A failed
-        Cholesky factorization, or a larger departure (X too ill-conditioned,
-        roughly κ(X) beyond 1e7, or not finite), returns None. ``Q`` is
-        C-contiguous, ``R = U₂U₁`` F-contiguous upper triangular.
-        """
-        xp = self.xp
-        q, d = int(X.shape[0]), int(X.shape[1])
-        if X.ndim != 2 or not q >= d >= 1:
-            return None
-        Q = array_ops.fresh_float64(xp.asarray(X))
-        factors = []
-        for step in range(2):
-            G = Q.T @ Q
-            if step:
-                departure = self._departure(G)
-                if not departure <= CHOLQR_MAX_DEPARTURE:
-                    return None
-                if departure <= CHOLQR_ONE_PASS * d * _EPS:
-                    break                   # Q₁ orthonormal to working precision
-            if array_ops.cholesky_upper(G) != 0:
-                return None
-            # C-contiguous Q (q × d) is Qᵀ column-major; G's memory holds U
-            # column-major: Qᵀ ← U⁻ᵀ Qᵀ, i.e. Q ← Q U⁻¹
-            array_ops.trsm_left(G, d, Q, d, d, q, lower=False, trans=True, unit=False)
-            factors.append(G)
-        if not want_r:
-            return Q, None
-        # U column-major is Uᵀ in C order (lower): (U₂U₁)ᵀ = U₁ᵀU₂ᵀ in C order,
-        # whose transpose (an F-contiguous view) is U₂U₁ (U₁ alone after one pass)
-        Ls = [array_ops.unit_triangle(G, lower=True, unit=False) for G in factors]
-        return Q, (Ls[0] @ Ls[1] if len(Ls) == 2 else Ls[0]).T
-
-    def _departure(self, G) -> float:
-        """``‖G − I‖_F`` of the C-contiguous square ``G`` (inf where G holds a NaN or
-        an infinity), from the column norms of ``G − I`` formed in place (its
-        diagonal, a strided view, less ones uploaded); G is left as it was."""
+    @staticmethod
+    def _departure_queued(G, ones, minus_ones) -> tuple:
+        """``‖G − I‖_F`` of the C-contiguous square ``G`` (the departure of CholeskyQR's
+        Q from orthonormal) queued on the current stream, nothing read back: the
+        column norms of ``G − I`` formed in place (its diagonal, a strided view,
+        less ones) and their non-finite flags (device arrays), G left as it was;
+        ``ones`` and ``minus_ones``: :meth:`unit_vectors` of G's order."""
         d = int(G.shape[0])
         diag = G.reshape(-1)[:: d + 1]
-        array_ops.subtract_into(diag, self.xp.asarray(np.ones(d)))
+        array_ops.subtract_into(diag, ones)
         norms, bad = array_ops.column_norms(G)
-        array_ops.subtract_into(diag, self.xp.asarray(np.full(d, -1.0)))
+        array_ops.subtract_into(diag, minus_ones)
+        return norms, bad
+
+    @staticmethod
+    def _departure_read(norms, bad) -> float:
+        """The departure from :meth:`_departure_queued`'s arrays (read back here); inf
+        where G held a NaN or an infinity."""
         if _host(bad).any():
             return float("inf")
         departure = float(np.linalg.norm(_host(norms)))
         return departure if np.isfinite(departure) else float("inf")
+
+    def unit_vectors(self, d: int) -> tuple:
+        """``(ones, minus ones)`` of length d on the device (:meth:`_departure_queued`),
+        uploaded before the work that reads them is queued: an upload from pageable
+        memory may wait for the stream it is made on."""
+        return self.xp.asarray(np.ones(d)), self.xp.asarray(np.full(d, -1.0))
+
+    def scaled_by_absmax(self, Z) -> tuple:
+        """``(Z / max|Z|, pending, scale)`` queued on the current stream, nothing read
+        back: the block :meth:`divided` gives for the scale :meth:`finite_absmax`
+        reads (the same largest finite magnitude, exact, divided by the same
+        kernel), the device arrays :meth:`read_absmax` reads that scale from, and
+        the scale as a device vector of Z's width (for :meth:`divide_columns`)."""
+        xp = self.xp
+        amax, bad = array_ops.column_absmax(Z)
+        top, _ = array_ops.column_absmax(amax.reshape(-1, 1))     # the largest, exact
+        d = int(Z.shape[1])
+        scale = xp.empty(d, dtype=np.float64)
+        array_ops.copy_into(scale, xp.broadcast_to(top, (d,)))    # on the device
+        return array_ops.divide_columns(Z, scale), (top, bad), scale
+
+    @staticmethod
+    def read_absmax(pending) -> float:
+        """:meth:`finite_absmax`'s value from :meth:`scaled_by_absmax`'s arrays:
+        ``max|Z|``, or NaN where Z holds a NaN or an infinity."""
+        top, bad = pending
+        return float("nan") if _host(bad).any() else float(_host(top)[0])
+
+    @staticmethod
+    def divide_columns(X, scale):
+        """``X`` with each column divided by the device vector ``scale``."""
+        return array_ops.divide_columns(X, scale)
+
+    def orth_queued(self, X, vectors, want_r: bool = True, both: bool = True) -> "_QueuedOrth":
+        """:meth:`orth` queued on the current stream with nothing read back, so that
+        the calling thread can queue the work that reads its factors before it
+        looks (:meth:`_QueuedOrth.result` reads the checks and answers).
+
+        CholeskyQR2: two passes of ``G = QᵀQ`` (one GEMM), ``G = UᵀU`` (cuSOLVER
+        ``potrf``), ``Q ← Q U⁻¹`` (cuBLAS ``trsm``), starting from a copy of X: a
+        few BLAS-3 calls where ``geqrf``/``orgqr`` spend most of their time in
+        panel factorizations. The first pass leaves ``‖Q₁ᵀQ₁ − I‖ ≈ κ(X)²·u``
+        (computed exactly, from ``G − I``); the second is taken only where that
+        departure is at most :data:`CHOLQR_MAX_DEPARTURE` (then ``κ(Q₁)² <= 3``),
+        and gives ``Q`` orthonormal and ``X = Q R`` to working precision
+        (Yamamoto, Nakatsukasa, Yanagisawa, Fukaya, ETNA 44, 2015); it is not
+        needed where the first already leaves at most ``CHOLQR_ONE_PASS·d·eps``
+        (:data:`CHOLQR_ONE_PASS`). A failed Cholesky factorization, or a larger
+        departure (X too ill-conditioned, roughly κ(X) beyond 1e7, or not
+        finite), leaves the answer to Householder. ``Q`` is C-contiguous,
+        ``R = U₂U₁`` F-contiguous upper triangular.
+
+        ``both``: CholeskyQR2's two passes always (where one would do, the second
+        leaves Q orthonormal to working precision too; ``Q`` is then final, for
+        work queued behind it); otherwise the first pass and its departure only,
+        and :meth:`_QueuedOrth.result` takes the second where :meth:`orth` takes
+        it: :meth:`orth`'s factors to the bit. X is kept. ``vectors``:
+        :meth:`unit_vectors` of X's width."""
+        xp = self.xp
+        q, d = int(X.shape[0]), int(X.shape[1])
+        if X.ndim != 2 or not q >= d >= 1:
+            return _QueuedOrth(X, None, (), want_r)
+        Q = array_ops.fresh_float64(xp.asarray(X))
+        G1 = Q.T @ Q
+        info1 = array_ops.cholesky_upper_queued(G1)
+        array_ops.trsm_left(G1, d, Q, d, d, q, lower=False, trans=True, unit=False)
+        G2 = Q.T @ Q
+        departure = self._departure_queued(G2, *vectors)
+        info2 = None
+        if both:
+            info2 = array_ops.cholesky_upper_queued(G2)
+            array_ops.trsm_left(G2, d, Q, d, d, q, lower=False, trans=True, unit=False)
+        return _QueuedOrth(X, Q, (G1, info1, G2, departure, info2), want_r)
 
     def stacked(self, *parts):
         widths = [int(P.shape[1]) for P in parts]
@@ -497,6 +535,56 @@ class _DeviceBlocks:
         for _ in range(2):
             array_ops.subtract_into(C, B @ (B.T @ C))
         return C
+
+
+class _QueuedOrth:
+    """A thin QR queued by :meth:`_DeviceBlocks.orth_queued`: its orthonormal factor
+    ``Q`` (a device array; final where both passes were queued) and the checks
+    of CholeskyQR2's accuracy (the first Cholesky factorization's info, the
+    departure after the first pass, the second's info)."""
+
+    def __init__(self, X, Q, parts: tuple, want_r: bool):
+        self.X, self.Q, self.parts, self.want_r = X, Q, parts, want_r
+        self._answer = None
+
+    def result(self) -> tuple:
+        """``(Q, R)`` as :meth:`_DeviceBlocks.orth` answers (R None unless asked for):
+        CholeskyQR2's, the checks read back here (the second pass queued now where
+        it was left to this call and the departure asks for it), else
+        Householder's of X (cuSOLVER ``geqrf``/``orgqr``, queued now). Made once."""
+        if self._answer is None:
+            self._answer = self._factors()
+        return self._answer
+
+    def _factors(self) -> tuple:
+        if self.Q is not None:
+            G1, info1, G2, departure, info2 = self.parts
+            Q, d = self.Q, int(self.Q.shape[1])
+            factors = [G1]
+            ok = int(_host(info1)[0]) == 0
+            departure = _DeviceBlocks._departure_read(*departure) if ok else float("inf")
+            ok = departure <= CHOLQR_MAX_DEPARTURE
+            if ok and info2 is None and departure > CHOLQR_ONE_PASS * d * _EPS:
+                info2 = array_ops.cholesky_upper(G2)
+                if info2 == 0:
+                    array_ops.trsm_left(G2, d, Q, d, d, int(Q.shape[0]), lower=False,
+                                        trans=True, unit=False)
+                info2 = np.array([info2])
+            if ok and info2 is not None:
+                ok = int(_host(info2)[0]) == 0
+                factors.append(G2)
+            if ok:
+                return Q, (_cholesky_r(factors) if self.want_r else None)
+        return array_ops.thin_qr(self.X, want_r=self.want_r)
+
+
+def _cholesky_r(factors: list):
+    """R of CholeskyQR's passes from their Cholesky factors (each U's memory read
+    column-major, as ``potrf`` leaves it in a C-contiguous G): ``U₂U₁`` (U₁ alone
+    after one pass). U column-major is Uᵀ in C order (lower): (U₂U₁)ᵀ = U₁ᵀU₂ᵀ in C
+    order, whose transpose (an F-contiguous view) is U₂U₁."""
+    Ls = [array_ops.unit_triangle(G, lower=True, unit=False) for G in factors]
+    return (Ls[0] @ Ls[1] if len(Ls) == 2 else Ls[0]).T
 
 
 def norm2_upper(gram: np.ndarray, fro: float) -> float:
@@ -595,12 +683,13 @@ class NullspaceCOD:
     rhs_device : callable, optional
         With ``rhs_beside``: ``rhs_device()`` queues the block ``rhs()`` gives
         on the calling thread's stream and returns it as a device array, not
-        waited for. The first block's thin QR then follows ``R⁻ᵀΩ`` on its
-        stream beside the replay's kernels (the host does not wait for
-        ``Qᵀb`` first), the decision's solve with ``R⁻¹`` reads the block
-        where it lies (queued behind it on the caller's stream), and ``rhs()``
-        (the host copy, the same values, for :meth:`solve`) is called once
-        that solve is queued: its wait is the solve's own.
+        waited for. The decision's device steps up to ``R V_d`` are then all
+        queued on the side stream before it, with nothing read back, so the
+        device works through them while the calling thread launches the
+        replay (:meth:`_queued_decision`); ``R⁻¹ P_U C`` is solved on the
+        caller's stream behind the replay, and ``rhs()`` (the host copy, the
+        same values, for :meth:`solve`) is called once that solve is queued:
+        its wait is the solve's own.
 
     Raises
     ------
@@ -647,19 +736,22 @@ class NullspaceCOD:
         rhs, self.rhs = self.rhs, None      # not kept: it may hold its caller
         rhs_device, self.rhs_device = self.rhs_device, None
         q, d = self.q, self.d
-        lo = self.tol_range[0]
         if not (0 < d < q):
             raise NullspaceRefused(f"{d} dead columns of {q}")
         self._blocks = blocks = block_ops(self.xp)
-        queued = False                      # C on the device, its host copy still to fetch
         if (rhs is not None and self.rhs_beside and not self.transposed
                 and blocks is not _HostBlocks):
-            C, U = self._first_block_beside(rhs, rhs_device)
-            queued = C is not None and rhs_device is not None
+            if rhs_device is not None:
+                first = self._queued_decision(rhs, rhs_device)
+                if first is None:
+                    return                  # decided
+                C, U = first                # CholeskyQR2 refused the first block
+            else:
+                C, U = self._first_block_beside(rhs)
         else:
             C = self._given_rhs(rhs)        # before R's solves (see ``rhs``)
             U = self._first_block(blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d)))))
-        hi = self._upper_cutoff()           # asked for by _first_block: its value now
+        self._upper_cutoff()                # asked for by _first_block: its value now
         # one solve for V's block R⁻¹U, the probe's first step R⁻¹ P_U W and the
         # given right-hand sides' R⁻¹ P_U C
         p = min(PROBE_COLUMNS, q)
@@ -667,36 +759,115 @@ class NullspaceCOD:
         parts = (U, blocks.project(U, W)) + (() if C is None else (blocks.project(U, C),))
         Y, YW, *YC = blocks.split(blocks.dense(self.inv(blocks.stacked(*parts))),
                                   *((d,) if C is None else (d, d + p)))
-        if queued:                          # the host copy, waiting with the solve
-            host = self._given_rhs(rhs)
-            C = host if host is not None and host.shape == tuple(C.shape) else None
         # one scale for all columns: R V = U R_y⁻¹ is unchanged
         s = blocks.finite_absmax(Y)
+        self._check_scale(s)
+        V, Ry = blocks.orth(blocks.divided(Y, s))
+        del Y
+        RV = blocks.right_solve(blocks.divided(U, s), Ry)      # U R_y⁻¹ (R_y upper)
+        self._conclude(U, V, RV, W, YW, C, YC[0] if YC else None)
+
+    @staticmethod
+    def _check_scale(s: float) -> None:
+        """Raise :class:`NullspaceRefused` for a solved block's scale ``max|Y|`` that
+        is not finite (a zero pivot) or zero."""
         if not np.isfinite(s):
             raise NullspaceRefused("non-finite solve (zero pivot)")
         if not s > 0:
             raise NullspaceRefused("zero block")
-        V, Ry = blocks.orth(blocks.divided(Y, s))
-        del Y
-        RV = blocks.right_solve(blocks.divided(U, s), Ry)      # U R_y⁻¹ (R_y upper)
+
+    def _conclude(self, U, V, RV, W, YW, C, YC) -> None:
+        """The decision from the subspaces ``U_d``, ``V_d`` and ``R V_d = U_d R_y⁻¹``
+        (``RV``): the residual's bound tested against the cutoff's range, then
+        ``‖S‖`` by the probe, its first step ``P_V (R⁻¹ P_U W)`` from ``YW``; the
+        given right-hand sides' ``R⁻¹ P_U C`` (``YC``) kept for the first solve."""
+        blocks = self._blocks
+        lo, hi = self.tol_range
         self.residual = blocks.fro(RV)
-        if self.residual > 0.5 * lo and d <= NORM2_MAX_COLUMNS:
+        if self.residual > 0.5 * lo and self.d <= NORM2_MAX_COLUMNS:
             self.residual = min(self.residual, norm2_upper(blocks.gram(RV), self.residual))
         if not (np.isfinite(self.residual) and self.residual <= 0.5 * hi):
             raise NullspaceRefused(f"‖R V_d‖ {self.residual:.3g} above half the cutoff "
                                    f"{hi:.3g}: no clear gap")
         self._u, self._v = U, V
         if C is not None:
-            self._first = (C, YC[0])
+            self._first = (C, YC)
         # ‖S‖ by the power method on SᵀS, its first step S W = P_V (R⁻¹ P_U W) from
         # the solve above
-        self.nu, self.margin = probe_norm(self._apply_t, self._apply, q, xp=self.xp,
+        self.nu, self.margin = probe_norm(self._apply_t, self._apply, self.q, xp=self.xp,
                                           accept=lambda nu, m: m * nu * hi < 1.0,
                                           start=(W, blocks.project(V, YW)))
         if not (np.isfinite(self.nu) and self.nu > 0 and self.margin * self.nu * lo < 1.0):
             raise NullspaceRefused(f"σ_(q-d) not clearly above the cutoff {lo:.3g}")
         self.sigma_min = 1.0 / self.nu
-        self.rank = q - d
+        self.rank = self.q - self.d
+
+    def _queued_decision(self, rhs, rhs_device) -> Optional[tuple]:
+        """The decision with the right-hand sides' ``Qᵀb`` replayed on the caller's
+        stream while the device solves (GPU factors on the device whole).
+
+        The device steps up to ``V_d`` are queued on :func:`_side_stream` first
+        with nothing read back: ``Z = R⁻ᵀΩ`` and its scale ``max|Z|`` (kept on
+        the device), ``U_d`` by both passes of CholeskyQR2
+        (:meth:`_DeviceBlocks.orth_queued`), the solve ``R⁻¹[U_d, P_U W]``, its
+        scale, and the first pass of V_d's CholeskyQR2 with its departure. Then
+        ``rhs_device()`` launches ``Qᵀb``'s replay on the caller's stream (the
+        host's launches of its many small kernels, which the chain's thin QR and
+        solve would otherwise wait for), and ``R⁻¹ P_U C`` is queued behind it
+        once ``U_d`` is made.
+        Only then are the checks read, in :meth:`_first_block`'s and the solve's
+        order, with their refusals; ``V_d``'s second pass (where ``orth`` takes
+        it) and ``U_d R_y⁻¹`` follow. The values are the synchronous steps' to
+        the bit where CholeskyQR2 takes two passes for ``U_d`` (one would do only
+        for a block of condition near 1; either is orthonormal to working
+        precision); ``V_d`` is ``orth``'s.
+
+        Returns None once decided; ``(C, U_d)`` where CholeskyQR2 refused ``Z``'s
+        block (Householder's ``U_d``, the host copy of C): the synchronous steps
+        then go on from ``U_d``."""
+        cp, blocks = self.xp, self._blocks
+        q, d = self.q, self.d
+        p = min(PROBE_COLUMNS, q)
+        caller = cp.cuda.get_current_stream()
+        side = _side_stream(cp)
+        vectors = blocks.unit_vectors(d)    # before the side stream has work
+        side.wait_event(caller.record())
+        with side:
+            Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (q, d))))
+            X, zscale, _ = blocks.scaled_by_absmax(Z)
+            del Z
+            first = blocks.orth_queued(X, vectors, want_r=False)
+            u_made = side.record()
+            W = blocks.gaussian(self.seed + 1, (q, p))
+            Y, YW = blocks.split(blocks.dense(self.inv(blocks.stacked(
+                first.Q, blocks.project(first.Q, W)))), d)
+            Ys, yscale, svec = blocks.scaled_by_absmax(Y)
+            del Y
+            second = blocks.orth_queued(Ys, vectors, both=False)
+        C = self._queued_rhs(rhs_device)    # Qᵀb's replay launched meanwhile
+        YC = None
+        if C is not None:
+            caller.wait_event(u_made)
+            YC = blocks.dense(self.inv(blocks.project(first.Q, C)))
+            host = self._given_rhs(rhs)     # the host copy, waiting with that solve
+            C = host if host is not None and host.shape == tuple(C.shape) else None
+        # the checks, in the synchronous steps' order, read on the side stream (a read
+        # waits for its stream's work only)
+        with side:
+            sz = blocks.read_absmax(zscale)
+            self._upper_cutoff()
+            self._check_scale(sz)
+            U = blocks.dense(first.result()[0])
+            if U is not first.Q:            # Householder's: the solve read another U_d
+                caller.wait_event(side.record())
+                return C, U
+            del X, first
+            self._check_scale(blocks.read_absmax(yscale))
+            V, Ry = second.result()
+            RV = blocks.right_solve(blocks.divide_columns(U, svec), Ry)   # U R_y⁻¹
+            caller.wait_event(side.record())
+        self._conclude(U, V, RV, W, YW, C, YC)
+        return None
 
     def _first_block(self, Z):
         """``U_d = orth(Z)`` for ``Z = R⁻ᵀΩ`` (scaled by ``max|Z|`` first), on the
@@ -706,23 +877,17 @@ class NullspaceCOD:
         blocks = self._blocks
         sz = blocks.finite_absmax(Z)
         self._upper_cutoff()
-        if not np.isfinite(sz):
-            raise NullspaceRefused("non-finite solve (zero pivot)")
-        if not sz > 0:
-            raise NullspaceRefused("zero block")
+        self._check_scale(sz)
         U, _ = blocks.orth(blocks.divided(Z, sz), want_r=False)
         del Z
         return blocks.dense(U)
 
-    def _first_block_beside(self, rhs, rhs_device=None) -> tuple:
+    def _first_block_beside(self, rhs) -> tuple:
         """``(C, U_d)``: ``R⁻ᵀΩ`` queued on :func:`_side_stream` (after the work
         queued so far on the caller's stream), ``rhs()`` fetched on the caller's
         stream meanwhile, then ``orth`` on the side stream, which the caller's
         stream waits for before its next work. One thread: the device runs the
         two solves' kernels side by side while the thread waits for the fetch.
-        With ``rhs_device``, C is its device array, queued on the caller's
-        stream and not waited for: ``orth`` follows ``R⁻ᵀΩ`` on the side stream
-        while the replay's kernels still run.
 
         A block freed later goes back to the side stream's part of CuPy's pool,
         which that stream takes again only behind the next decision's wait for
@@ -733,7 +898,7 @@ class NullspaceCOD:
         side.wait_event(caller.record())
         with side:
             Z = blocks.dense(self.inv_t(blocks.gaussian(self.seed, (self.q, self.d))))
-        C = self._given_rhs(rhs) if rhs_device is None else self._queued_rhs(rhs_device)
+        C = self._given_rhs(rhs)
         with side:
             U = self._first_block(Z)
             done = side.record()

@@ -30,7 +30,8 @@ from ..._kernels import KernelUse, load_module
 __all__ = ["OPS_FILE", "OPS_THREADS", "array_ops_use", "copy_into", "subtract_into",
            "contiguous_copy", "matmul_operand", "fresh_float64", "unit_triangle", "wy_system", "take_rows",
            "put_rows", "column_norms", "column_absmax", "divide_columns", "trsm_left",
-           "cholesky_upper", "thin_qr", "upload_block", "normal_block", "front_rows_product"]
+           "cholesky_upper", "cholesky_upper_queued", "thin_qr", "upload_block", "normal_block",
+           "front_rows_product"]
 
 #: The kernel source (relative to ``kernels/``): ``extern "C"`` kernels, one module.
 OPS_FILE = "sparse_qr/array_ops.cu"
@@ -363,6 +364,13 @@ def cholesky_upper(G) -> int:
     ``cupy.linalg.cholesky`` makes), the other triangle is left as it was.
     Returns LAPACK's info, read back (0: done; k > 0: the leading minor of order
     k is not positive definite and the factor is incomplete)."""
+    return int(cholesky_upper_queued(G).get()[0])
+
+
+def cholesky_upper_queued(G):
+    """:func:`cholesky_upper` queued on the current stream, not waited for: LAPACK's
+    info as a one-element int32 device array (read it once the stream got there),
+    so that a caller can queue more work behind the factorization before it looks."""
     import cupy as cp
     from cupy_backends.cuda.libs import cublas, cusolver
     dt = np.dtype(G.dtype)
@@ -372,18 +380,19 @@ def cholesky_upper(G) -> int:
         raise ValueError(f"cholesky_upper: a contiguous square float matrix, not {G.shape} "
                          f"{G.dtype}")
     if n == 0:
-        return 0
+        return cp.zeros(1, dtype=np.int32)
     single = dt == np.float32
     handle = cp.cuda.device.get_cusolver_handle()
     cusolver.setStream(handle, cp.cuda.get_current_stream().ptr)
     upper = cublas.CUBLAS_FILL_MODE_UPPER
     size = (cusolver.spotrf_bufferSize if single else cusolver.dpotrf_bufferSize)(
         handle, upper, n, G.data.ptr, n)
+    # freed on return: CuPy's pool gives the block to later work of this stream only
     work = cp.empty(max(int(size), 1), dtype=dt)
     info = cp.empty(1, dtype=np.int32)
     (cusolver.spotrf if single else cusolver.dpotrf)(
         handle, upper, n, G.data.ptr, n, work.data.ptr, size, info.data.ptr)
-    return int(info.get()[0])
+    return info
 
 
 def thin_qr(X, *, want_r: bool = True) -> tuple:
