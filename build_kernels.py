@@ -10,8 +10,10 @@ same flattened sources with the same options, so a kernel that fails here
 would fail for users; ``--check`` exits non-zero on any error. Filling the
 cache also runs the device LSQR/LSMR once (``scipy_gpuqr._iterative.warmup``)
 and the GPU QR's rank decisions on small problems (``scipy_gpuqr._api.warmup``)
-so that CuPy's own kernels of those paths are cached too. Installed users have
-the same as ``scipy-gpuqr build-kernels``.
+so that CuPy's own kernels of those paths are cached too. Before the GPU's
+steps, on any host, it writes SuiteSparse's cffi declaration modules to the
+package's cache folder (``scipy_gpuqr._declare_ahead``), so that no process
+parses them. Installed users have the same as ``scipy-gpuqr build-kernels``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scipy_gpuqr import _kernels  # noqa: E402
 from scipy_gpuqr._api.warmup import warm_rank_decisions  # noqa: E402
+from scipy_gpuqr._declare_ahead import declare_ahead_line  # noqa: E402
 from scipy_gpuqr._iterative.warmup import warm_device_path  # noqa: E402
 
 
@@ -55,6 +58,7 @@ def run(args) -> int:
         print(f"{len(results) - len(failed)} compiled, {len(failed)} failed "
               f"({len({r['file'] for r in results})} files)")
         return 1 if failed else 0
+    print(declare_ahead_line(), flush=True)
     from scipy_gpuqr._gpu import gpu_info
     info = gpu_info()
     if not info["available"]:

@@ -23,7 +23,9 @@ users (it imports neither):
   deletes one of its own format and stamp that fails them;
 * bounds: each kind keeps at most so many bytes in so many files
   (:func:`bound`: those of other stamps and then the least recently used
-  deleted first; a hit marks its file used, :func:`touch`).
+  deleted first; a hit marks its file used, :func:`touch`; a write stats only
+  the entries this process has not seen, all of them only where the bound is
+  passed).
 
 Array files (:func:`write_arrays`, :func:`read_aligned`,
 :func:`decode_arrays`): an 8-byte magic word, the header's length, a JSON
@@ -299,47 +301,101 @@ def files(where: Path, prefix: str) -> list:
         return []
 
 
+#: Per store folder and prefix, the sizes of the entries :func:`bound` has seen.
+_SIZES: dict = {}
+_SIZES_LOCK = threading.Lock()
+
+
+def _sizes(where: Path, prefix: str) -> dict:
+    """The entries' sizes :func:`bound` has seen in ``where`` (name: bytes), this
+    process's (a forked child's copy is still true of the folder)."""
+    with _SIZES_LOCK:
+        return _SIZES.setdefault((str(where), prefix), {})
+
+
 def bound(where: Path, prefix: str, keep: Path, max_bytes: int, max_files: int,
           current: str | None = None) -> None:
     """Delete entry files ``{prefix}*.bin`` of ``where`` (never ``keep``) until at
     most ``max_bytes`` in ``max_files`` files are left: first those whose name
     does not start with ``current`` (other stamps; when given), then the least
     recently used. Temporary files older than :data:`STALE_SECONDS` (left by a
-    writer that was killed) are deleted too."""
-    _drop_stale(where)
+    writer that was killed) are deleted too.
+
+    Each call lists the folder (one read of its names: files other processes
+    wrote or deleted are seen) but stats only ``keep`` and the entries this
+    process has not seen yet (their sizes are kept per folder and prefix,
+    :func:`_sizes`); only where that total passes a bound are all entries
+    stat'ed for their ages and the oldest deleted. A write in a large folder
+    so costs one listing and one or two stats, not a stat of every entry.
+    """
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return
+    _drop_stale(where, names)
+    entries = {n for n in names if n.startswith(prefix) and n.endswith(".bin")}
+    known = _sizes(where, prefix)
+    with _SIZES_LOCK:
+        for n in [n for n in known if n not in entries]:
+            del known[n]
+        new = [n for n in entries if n not in known or n == keep.name]
+    for n in new:
+        try:
+            size = os.stat(where / n).st_size
+        except OSError:
+            entries.discard(n)
+            continue
+        with _SIZES_LOCK:
+            known[n] = size
+    with _SIZES_LOCK:
+        total = sum(known.get(n, 0) for n in entries)
+    if total <= max_bytes and len(entries) <= max_files:
+        return
+    _delete_oldest(where, sorted(entries), keep, max_bytes, max_files, current, known)
+
+
+def _delete_oldest(where: Path, names: list, keep: Path, max_bytes: int, max_files: int,
+                   current: str | None, known: dict) -> None:
+    """:func:`bound`'s deletions: every entry ``names`` stat'ed for its size and age,
+    then other stamps' files and the least recently used deleted until the
+    bounds hold (``known`` follows)."""
     found = []
-    for p in files(where, prefix):
+    for n in names:
+        p = where / n
         try:
             st = p.stat()
         except OSError:
             continue
-        mine = current is not None and p.name.startswith(current)
-        found.append((mine, st.st_mtime_ns, p.name, p, st.st_size))
+        mine = current is not None and n.startswith(current)
+        found.append((mine, st.st_mtime_ns, n, p, st.st_size))
     found.sort()
     total = sum(f[4] for f in found)
-    n = len(found)
-    for _, _, _, p, size in found:
-        if total <= max_bytes and n <= max_files:
+    count = len(found)
+    with _SIZES_LOCK:
+        known.update((f[2], f[4]) for f in found)
+    for _, _, n, p, size in found:
+        if total <= max_bytes and count <= max_files:
             break
-        if p == keep:
+        if n == keep.name:
             continue
         try:
             p.unlink()
         except OSError:
             continue
+        with _SIZES_LOCK:
+            known.pop(n, None)
         total -= size
-        n -= 1
+        count -= 1
 
 
-def _drop_stale(where: Path) -> None:
-    """Delete the temporary files of ``where`` older than :data:`STALE_SECONDS`."""
-    try:
-        tmps = [p for p in where.iterdir()
-                if p.name.startswith("tmp-") and p.name.endswith(".part")]
-    except OSError:
-        return
+def _drop_stale(where: Path, names: list) -> None:
+    """Delete the temporary files among ``names`` of ``where`` older than
+    :data:`STALE_SECONDS`."""
     now = time.time()
-    for p in tmps:
+    for n in names:
+        if not (n.startswith("tmp-") and n.endswith(".part")):
+            continue
+        p = where / n
         try:
             if now - p.stat().st_mtime > STALE_SECONDS:
                 p.unlink()

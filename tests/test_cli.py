@@ -134,12 +134,25 @@ def test_calibrate_without_gpu_says_why():
     assert out.returncode == 2 and "Traceback" not in out.stderr
 
 
-def test_build_kernels_without_gpu_says_why():
+def test_build_kernels_without_gpu_says_why(tmp_path):
     from scipy_gpuqr._gpu import gpu_available
     if gpu_available():
         pytest.skip("a GPU is present")
-    out = _cli("build-kernels")
+    out = _cli("build-kernels", env={"SCIPY_GPUQR_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 2 and "no GPU" in out.stderr
+    assert "spqr kept, amd kept" in out.stdout               # the declarations on any host
+
+
+def test_build_kernels_script_writes_the_declarations_without_a_gpu(tmp_path):
+    from scipy_gpuqr._gpu import gpu_available
+    if gpu_available():
+        pytest.skip("a GPU is present")
+    out = subprocess.run([sys.executable, str(REPO / "build_kernels.py")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SCIPY_GPUQR_CACHE_DIR": str(tmp_path / "c")})
+    assert out.returncode == 1 and "no GPU" in out.stdout
+    assert "spqr kept, amd kept" in out.stdout
+    assert len(list((tmp_path / "c" / "cffi").glob("*.py"))) == 2
 
 
 def test_schedule_command_json(matrices_dir):
@@ -172,14 +185,15 @@ def test_only_the_subcommand_given_is_imported():
 
 
 def test_build_kernels_warms_the_iterative_device_path_and_the_rank_decisions(monkeypatch,
-                                                                             capsys):
-    # the cache warm-up compiles the package's kernels, then runs the device
-    # LSQR/LSMR once and the GPU QR's rank decisions, so CuPy's own kernels of
-    # those paths are cached too
+                                                                             capsys, tmp_path):
+    # the cache warm-up writes the cffi declarations, compiles the package's
+    # kernels, then runs the device LSQR/LSMR once and the GPU QR's rank
+    # decisions, so CuPy's own kernels of those paths are cached too
     import argparse
     from scipy_gpuqr import _gpu, _kernels
     from scipy_gpuqr._cli import build_kernels
     order = []
+    monkeypatch.setenv("SCIPY_GPUQR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(_gpu, "gpu_info", lambda: {"available": True})
     monkeypatch.setattr(_kernels, "warm_cache", lambda cache_dir=None: order.append("kernels") or [])
     monkeypatch.setattr(build_kernels, "warm_device_path", lambda: order.append("iterative") or 0.5)
@@ -188,6 +202,8 @@ def test_build_kernels_warms_the_iterative_device_path_and_the_rank_decisions(mo
     assert order == ["kernels", "iterative", "rank"]
     out = capsys.readouterr().out
     assert "iterative device path" in out and "GPU QR rank decisions" in out
+    assert out.startswith("cffi declarations") and "spqr kept, amd kept" in out
+    assert (tmp_path / "cffi").is_dir()
 
 
 @pytest.mark.gpu

@@ -5,7 +5,8 @@ Where SuperLU's factors show A not of full rank by lstsq's rule without being ex
 singular, U's pivots may split at lstsq's cutoff: a few under it, the rest clearly above
 (:meth:`~scipy_gpuqr._api.square_lu.SquareLU.revealed_dead`; adder_dcop_05: 25 pivots at
 0.98 of the cutoff, the next at 1.47). That predicts that the QR's gap-checked sparse COD
-settles R's rank, which a GPU makes cheap (its σ test on the device), so the iterate-first
+settles R's rank, which a GPU makes cheap (its σ test on the device, or on the host's
+compiled sweeps where they cost less than the device's first use), so the iterate-first
 rule (:class:`~scipy_gpuqr._dispatch.iterate_first.Allowance`, ``dense_gpu``) analyses
 at once and stops the run for the exact answer. Where U's pivots hide the deficiency
 (nnc1374: none under the cutoff, 66 singular values there) the QR's rank decision is
@@ -20,7 +21,11 @@ prediction costs time, not accuracy.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -28,7 +33,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from conftest import banded_deficient
+from conftest import REPO, banded_deficient
 from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
 from scipy_gpuqr._api import square_lu as square_lu_module
@@ -161,10 +166,11 @@ class _Plan:
         self.backend, self.gpu_name = backend, gpu_name
 
 
-def _replay(histories, key, square, dense_gpu, plan=None, per=3.3e-5):
+def _replay(histories, key, square, dense_gpu, plan=None, per=3.3e-5, **questions):
     """The rule watching a recorded run at ``per`` seconds an iteration (adder_dcop_05's
     one-threaded host loop on the H200's host); ``(stopped at or None, watch, analyses,
-    dense_gpu's calls)``."""
+    dense_gpu's calls)``. ``questions``: the Allowance's other questions (``host_sweeps``,
+    ``host_sigma``)."""
     name, method = key.rsplit(".", 1)
     m, n, nnz, _, _ = (int(v) for v in histories[key + ".meta"])
     h = histories[key].astype(np.float64)
@@ -177,7 +183,7 @@ def _replay(histories, key, square, dense_gpu, plan=None, per=3.3e-5):
                       analysis=policy.analysis_seconds(m, n, nnz),
                       plan=lambda: plans.append(1) or (None, plan or _Plan()), order=n,
                       speculate=lambda planned: (planned, ""), square=square, nnz=nnz,
-                      dense_gpu=None if dense_gpu is None else gpu)
+                      dense_gpu=None if dense_gpu is None else gpu, **questions)
     for k, row in enumerate(h, start=1):
         if watch(_State(k, k * per, *row)):
             return k, watch, len(plans), len(asked)
@@ -244,6 +250,37 @@ def test_a_plan_without_the_gpus_sigma_test_drops_the_prediction(histories, nomi
                                     plan=_Plan(backend, gpu_name))
     assert stop is None and plans == 1 and watch.route.gap_predicted == 0
     assert why in watch.summary(), watch.summary()
+
+
+def test_a_sigma_test_on_the_hosts_sweeps_predicts_the_hosts_gap_check(histories, nominal):
+    """The plan keeps the gap-checked COD on a GPU host with the factorization on the host,
+    and lstsq would test σ_min(R11) on the host's compiled sweeps for less than the
+    device's test with its dense libraries' first use (``host_sigma``: lstsq's
+    ``host_factors_sigma_pays``, asked with R11's predicted order and R's entries): the
+    route is the host's gap-checked COD, priced by R's entries, and the run still stops at
+    the LU. Where ``host_sigma`` says no, or the sweeps are not at hand, the GPU's."""
+    from scipy_gpuqr._factor.lstsq import host_factors_sigma_pays
+    plan = _Plan()
+    plan.analysis.nnz_R = 33_300                    # adder_dcop_05's R by the analysis
+    asked = []
+
+    def sigma(order, entries):
+        asked.append((order, entries))
+        return host_factors_sigma_pays(order, entries)
+    stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), True,
+                                    plan=plan, host_sweeps=lambda: True, host_sigma=sigma)
+    assert asked == [(1813 - 25, 33_300)]
+    assert stop == watch.lu_at[0] and plans == 1, stop
+    assert watch.route.rank_host and watch.route.gap_predicted == 25
+    assert watch.rank_s == pytest.approx(rank_cost.host_sparse_rank_seconds(33_300))
+    assert "gap-checked COD on the host" in watch.reason
+    for sweeps, pays in ((True, False), (False, True)):
+        stop, watch, _, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), True,
+                                    plan=plan, host_sweeps=lambda s=sweeps: s,
+                                    host_sigma=lambda order, entries, p=pays: p)
+        assert stop == watch.lu_at[0] and not watch.route.rank_host
+        assert watch.rank_s == pytest.approx(gap_check_seconds(1813))
+        assert "gap-checked COD on the GPU" in watch.reason
 
 
 def test_the_runs_trend_promising_convergence_keeps_the_run(histories, nominal, monkeypatch):
@@ -313,7 +350,10 @@ def simulated_gpu_host(monkeypatch):
 def test_adder_dcop_05_on_a_simulated_gpu_host_takes_the_exact_answer(
         matrices_dir, simulated_gpu_host, decisions):
     """The run stops at the LU for the QR (itn 0), whose gap-checked COD keeps 1788 columns;
-    its backward error is far below SciPy's (1.4e-5)."""
+    its backward error is far below SciPy's (1.4e-5). The factorization is the host's and
+    R11's compiled sweeps cost less than the device's σ test with its first use: the
+    gap-checked COD on the host predicted (where the sweeps are at hand)."""
+    from scipy_gpuqr._factor import native
     A = sp.csr_array(_mtx(matrices_dir, "adder_dcop_05"))
     b = _b("adder_dcop_05", A.shape[0])
     ref = original("lsqr")(A, b)
@@ -321,6 +361,8 @@ def test_adder_dcop_05_on_a_simulated_gpu_host_takes_the_exact_answer(
     assert out[2] == 0, decisions()
     line = [m for m in decisions() if m.startswith("lsqr ")][-1]
     assert "QR on CPU" in line and "pivots under lstsq's cutoff" in line, line
+    where = "on the host" if native.at_hand() else "on the GPU"
+    assert f"gap-checked COD {where} predicted" in line, line
     assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
 
 
@@ -374,8 +416,8 @@ def test_nnc1374_on_a_simulated_gpu_host_takes_the_exact_answer(matrices_dir,
 @pytest.mark.gpu
 def test_on_the_gpu_adder_dcop_05_and_nnc1374_take_the_exact_answer(matrices_dir, decisions):
     """On a GPU host: adder_dcop_05 is stopped at the LU and the QR answers (its σ test on
-    the device), at working precision; so is nnc1374 (R's small singular subspace on the
-    device decides its rank)."""
+    the host's compiled sweeps where they are at hand), at working precision; so is
+    nnc1374 (R's small singular subspace on the device decides its rank)."""
     A = sp.csr_array(_mtx(matrices_dir, "adder_dcop_05"))
     b = _b("adder_dcop_05", A.shape[0])
     ref, out = original("lsqr")(A, b), lsqr(A, b)
@@ -389,3 +431,42 @@ def test_on_the_gpu_adder_dcop_05_and_nnc1374_take_the_exact_answer(matrices_dir
     assert out[2] == 0 and "small singular subspace on the GPU predicted" in line, line
     assert dropin_backward_error(A, out[0], b) <= min(dropin_backward_error(A, ref[0], b), 1e-10)
     assert not math.isnan(out[3])
+
+
+_NEW_PROCESS = r"""
+import json, sys, zlib
+import numpy as np, scipy.sparse as sp
+sys.path.insert(0, sys.argv[2])
+from _dropin_stand_ins import dropin_backward_error
+from scipy_gpuqr import lsqr
+from scipy_gpuqr._cli.solve_report import captured_decisions
+from scipy_gpuqr._factor import lstsq
+from scipy_gpuqr.io import mmread
+made = []
+real = lstsq.dense_from_sparse
+lstsq.dense_from_sparse = lambda T, xp: made.append(T.shape[0]) or real(T, xp)
+A = sp.csr_array(sp.csc_array(mmread(sys.argv[1])).astype(np.float64))
+b = np.random.default_rng(zlib.crc32(b"adder_dcop_05")).standard_normal(A.shape[0])
+with captured_decisions() as decided:
+    out = lsqr(A, b)
+line = [m for m in decided if m.startswith("lsqr ")][-1]
+print(json.dumps({"itn": int(out[2]), "made": made, "line": line,
+                  "be": dropin_backward_error(A, out[0], b)}))
+"""
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_new_processs_adder_dcop_05_tests_sigma_on_the_host(matrices_dir):
+    """A new process on a GPU host (nothing has used the device's dense libraries):
+    adder_dcop_05's QR runs on the host and its gap-checked COD tests σ_min(R11) on the
+    host's compiled sweeps (built first here), predicted so by the rule, with no dense
+    copy on the device; at working precision."""
+    env = dict(os.environ, SCIPY_GPUQR_FACTOR_NATIVE="c",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    got = json.loads(subprocess.run(
+        [sys.executable, "-c", _NEW_PROCESS, str(matrices_dir / "adder_dcop_05.mtx"),
+         str(REPO / "tests")], env=env, check=True, capture_output=True, text=True,
+        timeout=300).stdout.splitlines()[-1])
+    assert got["itn"] == 0 and "QR on CPU" in got["line"], got["line"]
+    assert "gap-checked COD on the host predicted" in got["line"], got["line"]
+    assert got["made"] == [] and got["be"] <= 1e-10

@@ -198,3 +198,39 @@ def test_new_process_with_a_valid_module_parses_no_c_and_answers_alike(tmp_path)
     assert (tmp_path / "cache" / _ffi_cache.FOLDER).is_dir()
     assert _ffi_cache.declarations_path("spqr", _declarations(),
                                         _env(tmp_path / "cache")).is_file()
+
+
+_DECLARED = r"""
+import sys
+from scipy_gpuqr._cpu.spqr import spqr_available
+from scipy_gpuqr._symbolic.ordering import _amd_lib
+spqr_available()
+try:
+    _amd_lib()
+except Exception:            # libamd absent: its declarations were still loaded first
+    pass
+print('pycparser' in sys.modules)
+"""
+
+
+def test_declare_ahead_writes_every_set_so_a_new_process_parses_none(tmp_path):
+    from scipy_gpuqr._declare_ahead import declaration_sets, declare_ahead
+    got = declare_ahead(_env(tmp_path))
+    names = [name for name, _ in declaration_sets()]
+    assert got == [(name, True) for name in names] and {"spqr", "amd"} <= set(names)
+    for name, cdef in declaration_sets():
+        assert _ffi_cache.declarations_path(name, cdef, _env(tmp_path)).is_file()
+    assert declare_ahead(_env(tmp_path)) == got               # kept: nothing to do again
+    env = dict(os.environ, PYTHONPATH=str(REPO), SCIPY_GPUQR_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", _DECLARED], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out == ["False"]
+
+
+def test_declare_ahead_without_a_writable_folder_says_so(tmp_path):
+    from scipy_gpuqr._declare_ahead import declare_ahead, declare_ahead_line
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    env = _env(blocker / "cache")
+    assert all(not ok for _, ok in declare_ahead(env))
+    assert "not kept" in declare_ahead_line(env)

@@ -351,6 +351,17 @@ def test_small_full_rank_decision_does_not_lower_the_pools(rng, monkeypatch):
 # ---------------------------------------------------------------------------
 # the gap check's σ_min(R11) where the dense refinements run on the GPU
 
+def _banded_gap_case():
+    """``(n, dead, R, c, cutoff)``: SuiteSparseQR's R of a banded 400² matrix with 5
+    dependent columns (a clean gap at the cutoff), a right-hand side for R's solves."""
+    from conftest import banded_deficient
+    n, dead = 400, 5
+    A = banded_deficient(n, dead, 3)
+    b = np.random.default_rng(1).standard_normal(n)
+    R = sp.csc_array(backend_factorizer("cpu")[0](A, tol=None).R)
+    return n, dead, R, b[:R.shape[0]], EPS * n
+
+
 def _gap_checked(R, cutoff, **kwargs):
     return _lstsq.MinNormSolver(R, cutoff, factorize=_cod_factorizer(
         backend_factorizer("cpu")[0]), **kwargs)
@@ -359,16 +370,11 @@ def _gap_checked(R, cutoff, **kwargs):
 def test_gap_check_sigma_min_goes_where_the_dense_work_runs(monkeypatch):
     """With ``dense_device='gpu'`` and R11 of at least SVD_GPU_MIN_ORDER columns the
     gap-checked COD's σ_min(R11) is tested on the device (here a stand-in: NumPy in
-    CuPy's place), on R11 made dense there; the decision and x are the host's, bit for
-    bit (the COD's factors do not depend on where σ was tested). A smaller R11, or the
-    host's dense work, keep the host's test."""
-    from conftest import banded_deficient
-    n, dead = 400, 5
-    A = banded_deficient(n, dead, 3)
-    b = np.random.default_rng(1).standard_normal(n)
-    R = sp.csc_array(backend_factorizer("cpu")[0](A, tol=None).R)
-    c = b[:R.shape[0]]
-    cutoff = EPS * n
+    CuPy's place), on R11 made dense there, where the host's compiled sweeps would not
+    answer for less (here: the device's predicted seconds set to 0); the decision and x
+    are the host's, bit for bit (the COD's factors do not depend on where σ was tested).
+    A smaller R11, or the host's dense work, keep the host's test."""
+    n, dead, R, c, cutoff = _banded_gap_case()
     host = _gap_checked(R, cutoff)
     assert host.method == "cod" and host.rank == n - dead
     x_host = host.solve(c)
@@ -382,6 +388,8 @@ def test_gap_check_sigma_min_goes_where_the_dense_work_runs(monkeypatch):
     monkeypatch.setattr(_lstsq._gpu, "gpu_available", lambda: True)
     monkeypatch.setattr(_lstsq._gpu, "import_cupy", lambda: np)
     monkeypatch.setattr(_lstsq, "SVD_GPU_MIN_ORDER", 100)
+    monkeypatch.setattr(_lstsq, "DEVICE_SIGMA_S", 0.0)
+    monkeypatch.setattr(_lstsq, "DEVICE_DENSE_FIRST_USE_S", 0.0)
     device = _gap_checked(R, cutoff, dense_device="gpu")
     assert made == [(n - dead, np)]
     assert (device.method, device.rank) == ("cod", n - dead)
@@ -390,6 +398,51 @@ def test_gap_check_sigma_min_goes_where_the_dense_work_runs(monkeypatch):
     monkeypatch.setattr(_lstsq, "SVD_GPU_MIN_ORDER", n)              # R11 below it
     assert _gap_checked(R, cutoff, dense_device="gpu").method == "cod" and made == []
     assert _gap_checked(R, cutoff, dense_device="cpu").method == "cod" and made == []
+
+
+def test_gap_check_sigma_min_stays_on_the_host_where_its_sweeps_cost_less(monkeypatch):
+    """A GPU for the dense work, but R11 sparse and small enough that the host's compiled
+    sweeps cost less than the device's σ test with its dense libraries' first use
+    (:func:`host_sigma_pays`; a factorization on the host set nothing up): σ_min(R11) on
+    the host, the same decision and x. Where the factorization ran on the GPU (its
+    libraries set up) a triangle whose sweeps cost more than the device's test goes
+    there; without the compiled sweeps the device answers as before."""
+    from scipy_gpuqr._factor import native
+    if not native.at_hand():
+        pytest.skip("the compiled sweeps are not at hand")
+    n, dead, R, c, cutoff = _banded_gap_case()
+    x_host = _gap_checked(R, cutoff).solve(c)
+    made = stand_in_device(monkeypatch, min_order=100)
+    host = _gap_checked(R, cutoff, dense_device="gpu")
+    assert made == [] and (host.method, host.rank) == ("cod", n - dead)
+    assert np.array_equal(host.solve(c), x_host)
+    # the compiled sweeps' predicted seconds above the device's set-up test only
+    monkeypatch.setattr(_lstsq, "DEVICE_DENSE_FIRST_USE_S", 1.0)
+    monkeypatch.setattr(_lstsq, "DEVICE_SIGMA_S", 0.0)
+    assert _gap_checked(R, cutoff, dense_device="gpu").method == "cod" and made == []
+    gpu = _gap_checked(R, cutoff, dense_device="gpu", device="gpu")
+    assert made == [n - dead] and (gpu.method, gpu.rank) == ("cod", n - dead)
+    made.clear()
+    monkeypatch.setattr(_lstsq, "compiled_sigma_applies", lambda T: False)
+    monkeypatch.setattr(_lstsq, "DEVICE_DENSE_FIRST_USE_S", 0.1)
+    monkeypatch.setattr(_lstsq, "DEVICE_SIGMA_S", 0.005)
+    assert _gap_checked(R, cutoff, dense_device="gpu").method == "cod" and made == [n - dead]
+
+
+def test_host_sigma_pays_by_predicted_seconds():
+    """The host's compiled sweeps where their predicted seconds are at most the
+    device's (its first use counted unless the factorization set it up), never beyond
+    their fill; the GPU host's adder_dcop_05 R11 (q 1788, 19 323 entries) on the host."""
+    from scipy_gpuqr._factor.triangular import COMPILED_SIGMA_MAX_FILL, compiled_sigma_seconds
+    assert _lstsq.host_sigma_pays(1788, 19323, device_set_up=False)
+    assert compiled_sigma_seconds(1788, 19323) > _lstsq.DEVICE_SIGMA_S
+    assert not _lstsq.host_sigma_pays(1788, 19323, device_set_up=True)
+    assert _lstsq.host_sigma_pays(600, 2000, device_set_up=True)
+    q = 2500
+    assert not _lstsq.host_sigma_pays(q, COMPILED_SIGMA_MAX_FILL * q * q * 1.01,
+                                      device_set_up=False)
+    assert not _lstsq.host_sigma_pays(q, 0.02 * q * q, device_set_up=False)
+    assert not _lstsq.host_sigma_pays(0, 0, device_set_up=False)
 
 
 def _shared_r(matrices_dir, name):
@@ -409,9 +462,12 @@ def test_device_full_rank_test_probes_first_on_adder_dcop_05(matrices_dir, monke
     on the device and R's solves on the host, the probe through those solves comes
     first, as on the host: its ν with σ_max (the host's Lanczos, which the gap check
     reads next) shows the σ test cannot pass, so no dense copy of all of R goes to the
-    device and σ_max is computed once. The device then tests R11 alone; σ_max, the
-    decision and x are the host's, bit for bit; σ_min(R11) up to rounding (the host's
-    comes from R11's compiled sparse sweeps, the device's from its dense inverse)."""
+    device and σ_max is computed once. The device then tests R11 alone where its test is
+    predicted cheaper than R11's compiled sweeps (here: its dense libraries' first use
+    not counted); σ_max, the decision and x are the host's, bit for bit; σ_min(R11) up to
+    rounding (the host's comes from R11's compiled sparse sweeps, the device's from its
+    dense inverse). Counting that first use (R factorized on the host), R11's sweeps
+    answer on the host: nothing goes to the device, σ_min bit for bit the host's."""
     A, R, factorize = _shared_r(matrices_dir, "adder_dcop_05.mtx")
     cutoff = _lstsq.lstsq_cutoff(*A.shape)
     d = np.abs(R.diagonal())
@@ -421,6 +477,12 @@ def test_device_full_rank_test_probes_first_on_adder_dcop_05(matrices_dir, monke
     smax_calls = _spy(monkeypatch, "sigma_max_lanczos")
     lanczos_calls = _spy(monkeypatch, "norm2_lanczos")
     made = stand_in_device(monkeypatch)
+    kept = _gap_checked(R, cutoff, dense_device="gpu")
+    assert made == [] and not lanczos_calls and len(smax_calls) == 1
+    assert (kept.method, kept.rank, kept.sigma_min) == (host.method, host.rank, host.sigma_min)
+    assert np.array_equal(kept.solve(c), host.solve(c))
+    smax_calls.clear()
+    monkeypatch.setattr(_lstsq, "DEVICE_DENSE_FIRST_USE_S", 0.0)
     device = _gap_checked(R, cutoff, dense_device="gpu")
     assert made == [1788] and not lanczos_calls and len(smax_calls) == 1
     assert (device.method, device.rank) == (host.method, host.rank) == ("cod", 1788)
@@ -543,12 +605,15 @@ def test_device_solves_given_sigma_max_and_test_on_one_device_copy(matrices_dir,
 
 
 @pytest.mark.gpu
-def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
+def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir, monkeypatch):
     """adder_dcop_05 (order 1813, rank 1788 by lstsq's rule, σ_1788 at 1.42 × the cutoff):
-    the gap-checked COD with the dense work on the GPU tests σ_min(R11) (order 1788) on a
-    CuPy R11 and decides as the host does, with the same σ_max (so the same tolerance), x
-    bit for bit. Neither tests σ_min of all of R: the probe through R's host solves, with
-    σ_max, shows that test cannot pass, on the device as on the host."""
+    the gap-checked COD with the dense work on the GPU, where the host's compiled sweeps
+    are not predicted cheaper (here: told so), tests σ_min(R11) (order 1788) on a CuPy R11
+    and decides as the host does, with the same σ_max (so the same tolerance), x bit for
+    bit. Neither tests σ_min of all of R: the probe through R's host solves, with σ_max,
+    shows that test cannot pass, on the device as on the host. Left to its prediction, a
+    host factorization's R11 of this size is tested on the host's sweeps (the device's
+    dense libraries' first use would cost more), with the same decision."""
     pytest.importorskip("cupy")
     from scipy_gpuqr._gpu import gpu_available
     from scipy_gpuqr.io import mmread
@@ -564,14 +629,19 @@ def test_gap_check_sigma_min_on_the_gpu_on_adder_dcop_05(matrices_dir):
     def spy(T, threshold, **kwargs):
         seen.append((T.shape[0], type(T).__module__.split(".")[0]))
         return real(T, threshold, **kwargs)
-    import unittest.mock
-    with unittest.mock.patch.object(_lstsq, "sigma_min_upper", spy):
+    monkeypatch.setattr(_lstsq, "sigma_min_upper", spy)
+    predicted = _gap_checked(R, cutoff, dense_device="gpu")
+    assert seen == [(1788, "scipy")]
+    with monkeypatch.context() as m:
+        m.setattr(_lstsq, "host_sigma_pays", lambda *a, **k: False)
         device = _gap_checked(R, cutoff, dense_device="gpu")
-        host = _gap_checked(R, cutoff, dense_device="cpu")
+    host = _gap_checked(R, cutoff, dense_device="cpu")
     assert (device.method, device.rank) == (host.method, host.rank) == ("cod", 1788)
-    assert seen == [(1788, "cupy"), (1788, "scipy")]
-    assert device.sigma_max == host.sigma_max
+    assert (predicted.method, predicted.rank) == ("cod", 1788)
+    assert seen == [(1788, "scipy"), (1788, "cupy"), (1788, "scipy")]
+    assert device.sigma_max == host.sigma_max == predicted.sigma_max
     assert np.array_equal(device.solve(c), host.solve(c))
+    assert np.array_equal(predicted.solve(c), host.solve(c))
 
 
 def test_device_cod_without_a_gap_hands_a_sparse_r_to_its_subspace(matrices_dir,

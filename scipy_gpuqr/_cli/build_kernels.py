@@ -1,5 +1,7 @@
 """``scipy-gpuqr build-kernels``: compile every kernel for the present GPU into the cache
-(and CuPy's own kernels of the iterative device path and of the GPU QR's rank decisions).
+(and CuPy's own kernels of the iterative device path and of the GPU QR's rank decisions),
+after writing SuiteSparse's cffi declaration modules to the package's cache folder
+(on any host: :mod:`scipy_gpuqr._declare_ahead`).
 
 Prints one line per kernel file (variants compiled, seconds). Without a GPU
 it says so (``python build_kernels.py --check`` compiles the kernels with
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from .. import _gpu, _kernels
 from .._api.warmup import warm_rank_decisions
+from .._declare_ahead import declare_ahead_line
 from .._iterative.warmup import warm_device_path
 from ._common import CommandError
 
@@ -22,7 +25,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """Compile the kernels; returns the exit status."""
+    """Write the cffi declarations, compile the kernels; returns the exit status."""
+    print(declare_ahead_line(), flush=True)
     info = _gpu.gpu_info()
     if not info["available"]:
         raise CommandError(f"no GPU: {info['reason']} (build_kernels.py --check "

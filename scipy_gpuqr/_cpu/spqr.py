@@ -33,7 +33,8 @@ from ._cholmod import Common, dense_to_numpy, dense_view, sparse_to_scipy, spars
 from ._ffi_cache import declared_ffi, symbol
 from ._libs import INSTALL_HINT, LibraryNotFound, find_library, major_version, open_library
 
-__all__ = ["spqr_available", "spqr_factorize", "spqr_solve_default", "SpqrQR", "ORDERINGS"]
+__all__ = ["spqr_available", "spqr_factorize", "spqr_solve_default", "SpqrQR", "ORDERINGS",
+           "declaration_set"]
 
 _SPQR_CDEF = """
 int64_t SuiteSparseQR_C(int ordering, double tol, int64_t econ, int getCTX,
@@ -95,13 +96,19 @@ def _declarations() -> str:
                       *(_QMULT_SIGNATURE.format(name) for name in _QMULT_SYMBOLS)))
 
 
+def declaration_set() -> tuple[str, str]:
+    """The name and C declarations of SuiteSparseQR's cffi declaration set (what
+    :func:`_libs` declares; ``build_kernels.py`` writes its module ahead)."""
+    return "spqr", _declarations()
+
+
 @functools.lru_cache(maxsize=1)
 def _libs() -> _Libs:
     # The handles are immutable once opened; caching them is not mutable state.
     # The declarations come parsed from the cache folder where they can
     # (:mod:`._ffi_cache`): a new process does not parse C.
     spqr_path = find_library("spqr")
-    ffi = declared_ffi("spqr", _declarations())
+    ffi = declared_ffi(*declaration_set())
     spqr = open_library(ffi, "spqr")
     # CHOLMOD's functions are looked up through libspqr's handle, so they come from
     # the libcholmod that libspqr itself was linked against (dlsym searches a

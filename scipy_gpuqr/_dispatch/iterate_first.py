@@ -398,6 +398,11 @@ class Allowance:
         ``plan`` where that prediction holds: the GPU factorization's rank decision tries R's
         subspace there first, where a host R's gap-checked sparse COD comes before it. None:
         ``plan``.
+    host_sigma : callable, optional
+        ``host_sigma(order, entries) -> bool``: whether lstsq would test σ_min of the
+        gap-checked COD's R11 on the host's compiled sweeps though a GPU runs the dense
+        rank work (lstsq's ``host_sigma_pays``, the factorization on the host): the
+        prediction is then the host's gap-checked COD. None: the GPU's.
 
     Attributes
     ----------
@@ -426,14 +431,15 @@ class Allowance:
     route : LURoute
         What U's pivots of a deficient LU predict of the QR's rank decision
         (:class:`~scipy_gpuqr._dispatch.lu_route.LURoute`; ``dense_gpu``,
-        ``device_subspace`` and ``host_sweeps`` are its questions).
+        ``device_subspace``, ``host_sweeps`` and ``host_sigma`` are its questions).
     """
 
     def __init__(self, *, iter_lim: int, atol: float, conlim: float, analysis: float,
                  plan: Callable, order: int = 0, speculate: Optional[Callable] = None,
                  square=None, nnz: int = 0, dense_gpu: Optional[Callable] = None,
                  device_subspace: Optional[Callable] = None,
-                 plan_gpu: Optional[Callable] = None, host_sweeps: Optional[Callable] = None):
+                 plan_gpu: Optional[Callable] = None, host_sweeps: Optional[Callable] = None,
+                 host_sigma: Optional[Callable] = None):
         self.iter_lim = int(iter_lim)
         self.projector = Projector(iter_lim, atol, conlim)
         self.analysis_estimate = float(analysis)
@@ -444,7 +450,8 @@ class Allowance:
         self._square = square
         self._plan_gpu = plan_gpu
         self.route = LURoute(square, self.order, dense_gpu=dense_gpu,
-                             device_subspace=device_subspace, host_sweeps=host_sweeps)
+                             device_subspace=device_subspace, host_sweeps=host_sweeps,
+                             host_sigma=host_sigma)
         self.lu_s = lu_seconds(nnz) if square is not None else math.inf
         self.lu_at: Optional[tuple] = None
         # the run's seconds at which the LU starts on a worker (None: it does not)

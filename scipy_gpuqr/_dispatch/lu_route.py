@@ -19,7 +19,10 @@ time, not accuracy: the QR's own checks decide the rank.
   the device (:func:`~scipy_gpuqr._dispatch.rank_cost.gap_check_seconds`), not
   dense work. Where the plan puts the factorization on the GPU (whose
   factorizer the sparse COD would use) or R is too dense for that COD, the
-  prediction is dropped.
+  prediction is dropped; where lstsq would test σ_min(R11) on the host's
+  compiled sweeps for less than the device's test with its dense libraries'
+  first use (``host_sigma``, lstsq's ``host_sigma_pays``), it is the host's
+  gap-checked COD (below).
 * On a host without a GPU for that work (``dense_gpu()`` False) whose compiled
   sparse sweeps answer (``host_sweeps``) the same split predicts the host's
   gap-checked sparse COD, which lstsq tries there before any dense rule (its σ
@@ -107,6 +110,12 @@ class LURoute:
         (the host's gap-checked COD and R's subspace on the host are predicted only with
         them: without them the σ test makes R11 dense, and R's solves are SuperLU's).
         None: U's pivots are not read on such a host.
+    host_sigma : callable, optional
+        ``host_sigma(order, entries) -> bool``: whether lstsq would test σ_min of an
+        order-``order`` R11 with about ``entries`` entries on the host's compiled sweeps
+        though a GPU runs the dense rank work (lstsq's ``host_sigma_pays`` with the
+        factorization on the host), asked where the plan keeps the gap-checked COD on
+        a GPU host (with ``host_sweeps``). None: that σ test is the GPU's.
 
     Attributes
     ----------
@@ -115,8 +124,8 @@ class LURoute:
         (``square.revealed_dead()``), else 0 (also once the plan dropped it).
     rank_host : bool
         Whether the predicted rank decision is the host's (no GPU for the dense rank
-        work): the gap-checked COD, or R's small singular subspace where
-        :attr:`host_block`.
+        work, or the gap-checked COD's σ test on the host's sweeps by ``host_sigma``):
+        the gap-checked COD, or R's small singular subspace where :attr:`host_block`.
     host_block : int
         Where U's pivots hide the deficiency on such a host: the block of R's subspace
         iteration there (:data:`~scipy_gpuqr._dispatch.rank_cost.HOST_SUBSPACE_BLOCK`),
@@ -138,12 +147,13 @@ class LURoute:
 
     def __init__(self, square, order: int, *, dense_gpu: Optional[Callable] = None,
                  device_subspace: Optional[Callable] = None,
-                 host_sweeps: Optional[Callable] = None):
+                 host_sweeps: Optional[Callable] = None, host_sigma: Optional[Callable] = None):
         self.square = square
         self.order = int(order)
         self._dense_gpu = dense_gpu
         self._device_subspace = device_subspace
         self._host_sweeps = host_sweeps
+        self._host_sigma = host_sigma
         self.gap_predicted = 0
         self.large_under = -1
         self.subspace_predicted = False
@@ -259,6 +269,8 @@ class LURoute:
         :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_SPARSE_MAX_DENSITY` (lstsq's sparse
         COD is not tried there, and the prediction follows R's entries); so is R's small
         singular subspace on the host (:attr:`host_block`).
+        A gap-checked COD kept on a GPU host is the host's where its σ test would run on
+        the host's compiled sweeps (:meth:`_host_sigma_pays`).
         """
         if self.rank_host:
             why = ("no plan" if planned is None else
@@ -290,8 +302,18 @@ class LURoute:
                 r_entries > RANK_SPARSE_MAX_DENSITY * float(self.order) ** 2:
             why = "R too dense for the sparse COD"
         else:
+            self.rank_host = self._host_sigma_pays(r_entries)
             return
         self.gap_predicted, self.gap_dropped = 0, why
+
+    def _host_sigma_pays(self, r_entries: Optional[float]) -> bool:
+        """Whether lstsq would test σ_min(R11) of the predicted gap-checked COD on the
+        host's compiled sweeps though a GPU runs the dense rank work (``host_sigma``
+        with R11's predicted order and R's entries by the analysis' count, the sweeps
+        at hand): its cost is then the host's (:attr:`rank_host`)."""
+        return (self._host_sigma is not None and r_entries is not None
+                and self._host_sweeps is not None and bool(self._host_sweeps())
+                and bool(self._host_sigma(self.order - self.gap_predicted, r_entries)))
 
     def rank_seconds(self, r_entries: Optional[float]) -> Optional[float]:
         """The rank decision's predicted seconds by the predicted route (``r_entries``:

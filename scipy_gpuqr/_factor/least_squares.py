@@ -43,7 +43,7 @@ from .._validate import (LSTSQ_RHS, MatrixInput, as_matrix, check_damp, check_rh
                          device_csr, scipy_float_dtype, to_output)
 from .factored import FactoredQR, factorize, plan_for
 from .host_norms import frobenius_norm, norm2
-from .lstsq import KnownNorms, MinNormSolver, device_subspace_takes
+from .lstsq import KnownNorms, MinNormSolver, device_subspace_takes, host_factors_sigma_pays
 from .native import at_hand as sweeps_at_hand
 
 __all__ = ["LeastSquaresProblem", "check_problem", "StoppingRules", "IterativeAnswer",
@@ -333,7 +333,7 @@ def iterate(problem: LeastSquaresProblem, method: str, rules: StoppingRules,
                       order=n if damped else min(m, n),
                       square=None if on_device else square, nnz=problem.nnz,
                       dense_gpu=gpu_available, device_subspace=device_subspace_takes,
-                      host_sweeps=sweeps_at_hand,
+                      host_sweeps=sweeps_at_hand, host_sigma=host_factors_sigma_pays,
                       plan_gpu=lambda: plan_for(problem.qr_matrix(), settings,
                                                 gpu_reason=SUBSPACE_GPU_PLAN_REASON))
     out = None

@@ -159,12 +159,15 @@ from .native import handle as native_handle
 from .solve_rank import NullspaceCOD, NullspaceRefused, abs_diagonal, frobenius, probe_norm
 from .subspace_cod import SubspaceCOD, SubspaceTooLarge, sigma_max_lanczos
 from .sparse_subspace import decide as sparse_subspace_decide
-from .triangular import (DENSE_SIGMA_LIMIT, DENSE_SOLVE_FILL, DENSE_SOLVE_LIMIT, SUPERLU_MAX_NNZ,
-                         UpperTriangular, norm2_lanczos, sigma_min_upper)
+from .triangular import (COMPILED_SIGMA_MAX_FILL, DENSE_SIGMA_LIMIT, DENSE_SOLVE_FILL,
+                         DENSE_SOLVE_LIMIT, SUPERLU_MAX_NNZ, UpperTriangular,
+                         compiled_sigma_applies, compiled_sigma_seconds, norm2_lanczos,
+                         sigma_min_upper)
 
 __all__ = ["exact_solve", "DENSE_LIMIT", "SINGULAR_RTOL", "lstsq_cutoff", "MinNormSolver", "KnownNorms",
            "NULLSPACE_HOST_MIN_ORDER", "nullspace_candidate", "device_subspace_takes",
-           "exactly_singular", "solve_upper", "solve_upper_transposed"]
+           "host_sigma_pays", "host_factors_sigma_pays", "exactly_singular", "solve_upper",
+           "solve_upper_transposed"]
 
 EPS = float(np.finfo(np.float64).eps)
 
@@ -210,6 +213,17 @@ SVD_GPU_MIN_ORDER = 600
 
 #: Fraction of the free device memory a dense COD on the GPU may take.
 DENSE_COD_GPU_FRACTION = 0.5
+
+#: Predicted seconds of the gap check's σ test of a triangle of order up to
+#: DENSE_SIGMA_LIMIT on a GPU whose dense libraries the process has set up (T made dense
+#: there, cuBLAS's inverse, the norm test's products or Lanczos, a few round trips):
+#: :func:`host_sigma_pays`.
+DEVICE_SIGMA_S = 0.005
+#: ... and what the first use of the device's dense libraries in a process adds (cuBLAS's
+#: set-up and its kernels' loads: about a tenth of a second on one H200), charged where
+#: the factorization ran on the host: nothing in the call has set them up (a GPU
+#: factorization starts their set-up beside its analysis).
+DEVICE_DENSE_FIRST_USE_S = 0.1
 
 #: Margin above the cutoff at which Lanczos' σ_min estimate is trusted
 #: (sparse R: Lanczos on ``(RᵀR)⁻¹`` to 1e-3).
@@ -364,6 +378,32 @@ def device_subspace_takes(q: int, under: int) -> bool:
         return device_subspace_fits(q, max_block)
     except Exception:  # noqa: BLE001 - no device to ask: the prediction is not made
         return False
+
+
+def host_sigma_pays(order: int, entries: float, *, device_set_up: bool) -> bool:
+    """Whether σ_min of a sparse triangle of this order with ``entries`` entries is had
+    for less on the host's compiled sweeps than on the GPU, where both could answer (the
+    gap check's σ test, :meth:`MinNormSolver._sigma_min_on_device`): the sweeps apply
+    by the triangle's fill (:data:`~scipy_gpuqr._factor.triangular.COMPILED_SIGMA_MAX_FILL`)
+    and their predicted seconds
+    (:func:`~scipy_gpuqr._factor.triangular.compiled_sigma_seconds`) are at most the
+    device's: :data:`DEVICE_SIGMA_S`, plus :data:`DEVICE_DENSE_FIRST_USE_S` unless
+    ``device_set_up`` (the factorization ran on the GPU). A prediction by sizes alone, so
+    one problem's decision runs on one device whatever the process did before.
+
+    The iterate-first rule asks it with R's entries (the analysis' count) for the order
+    of R11 that U's pivots predict, where the factorization is planned on the host."""
+    if not order > 0 or entries > COMPILED_SIGMA_MAX_FILL * float(order) ** 2:
+        return False
+    device = DEVICE_SIGMA_S + (0.0 if device_set_up else DEVICE_DENSE_FIRST_USE_S)
+    return compiled_sigma_seconds(order, entries) <= device
+
+
+def host_factors_sigma_pays(order: int, entries: float) -> bool:
+    """:func:`host_sigma_pays` where the factorization runs on the host (nothing in the
+    call sets the device's dense libraries up): the iterate-first rule's ``host_sigma``
+    for a plan on the host."""
+    return host_sigma_pays(order, entries, device_set_up=False)
 
 
 def nullspace_candidate(R, cutoff: float) -> bool:
@@ -1202,6 +1242,7 @@ class MinNormSolver:
         is the COD's up to a perturbation ``<= ‖E‖₂``. σ_min(R11) comes from
         :func:`~scipy_gpuqr._factor.triangular.sigma_min_upper` (a bound, or an
         estimate with a margin), on the GPU where the dense refinements run there
+        and the host's compiled sweeps would not answer for less
         (:meth:`_sigma_min_on_device`). False
         (nothing kept) when either test fails, or where the QR kept every column and
         R's own σ test failed, or a failed probe of R's inverse shows that it cannot
@@ -1261,9 +1302,14 @@ class MinNormSolver:
         by cuBLAS and Lanczos on it (:func:`~scipy_gpuqr._factor.triangular.sigma_min_upper`),
         a few milliseconds where the host's ``trtri`` and dense Lanczos on one thread
         take about ``q³/3`` flops and ``q²`` per step. None: the host answers (no GPU,
-        a smaller T, or T does not fit beside what the device holds)."""
+        a smaller T, T does not fit beside what the device holds, or the host's compiled
+        sweeps answer T for less, :func:`host_sigma_pays`: the device's dense libraries'
+        first use is counted where the factorization ran on the host)."""
         q = T.shape[0]
         if self.dense_device != "gpu" or q < SVD_GPU_MIN_ORDER or not _gpu.gpu_available():
+            return None
+        if host_sigma_pays(q, T.nnz, device_set_up=self.device == "gpu") and \
+                compiled_sigma_applies(T):
             return None
         try:
             Td = dense_from_sparse(T, _gpu.import_cupy())

@@ -51,8 +51,8 @@ from .._validate import all_finite
 from .factored import plan_for
 from .least_squares import (IterativeAnswer, LeastSquaresProblem, StoppingRules, _RunNote,
                             settle)
-from .lstsq import (DENSE_LIMIT, _rcond_estimate, device_subspace_takes, lstsq_cutoff,
-                    nullspace_candidate)
+from .lstsq import (DENSE_LIMIT, _rcond_estimate, device_subspace_takes,
+                    host_factors_sigma_pays, lstsq_cutoff, nullspace_candidate)
 from .native import at_hand as sweeps_at_hand
 from .qr_ahead import QRAhead, qr_ahead_fits
 from .solve_rank import (PROBE_COLUMNS, PROBE_MAX_STEPS, frobenius, probe_margin,
@@ -339,7 +339,7 @@ def quick_iterate(method: str, A, b, x0, damp, rules: StoppingRules, backend,
                          if min(m, n) <= DENSE_LIMIT else None,
                          square=square(), nnz=nnz, dense_gpu=gpu,
                          device_subspace=device_subspace_takes,
-                         host_sweeps=sweeps_at_hand,
+                         host_sweeps=sweeps_at_hand, host_sigma=host_factors_sigma_pays,
                          plan_gpu=lambda: plan_for(problem().qr_matrix(), settings,
                                                    gpu_reason=SUBSPACE_GPU_PLAN_REASON))
 

@@ -33,13 +33,15 @@ from scipy.sparse.linalg import (ArpackError, ArpackNoConvergence, LinearOperato
 
 from .._engine.gpu import array_ops
 from .native import SparseUpperSolves
+from .native import at_hand as native_at_hand
 from .native import handle as native_handle
 
 #: LAPACK's float64 triangular solve, as ``scipy.linalg.solve_triangular`` reaches it.
 _dtrtrs = la.lapack.dtrtrs
 
 __all__ = ["UpperTriangular", "sigma_min_upper", "SigmaMin", "DENSE_SIGMA_LIMIT",
-           "DENSE_SOLVE_LIMIT", "norm2_lanczos"]
+           "DENSE_SOLVE_LIMIT", "norm2_lanczos", "compiled_sigma_applies",
+           "compiled_sigma_seconds", "COMPILED_SIGMA_MAX_FILL"]
 
 #: Most entries of T handed to SuperLU: it sizes its work arrays from the
 #: entries with 32-bit counts and a fill guess, and runs out of memory on
@@ -398,6 +400,14 @@ COMPILED_SIGMA_MAX_FILL = 0.05
 #: with T's leading ``j1 × j1`` triangle only (T⁻¹ is upper triangular), about half
 #: the multiply-adds of one solve with the whole identity, and ``q²/blocks`` doubles.
 COMPILED_INVERSE_BLOCKS = 16
+#: Seconds per multiply-add of the compiled sweeps' ``‖T⁻¹‖_F``
+#: (:func:`compiled_sigma_seconds`): the dear side of one core of a 2-core host on the R
+#: of nnc1374, 494_bus and adder_dcop_05.
+COMPILED_SIGMA_S_PER_MADD = 1e-9
+#: Seconds per entry of T of the compiled sweeps' Lanczos run to 1e-12 where the bound
+#: fails (two sweeps a step, tens to hundreds of steps), on the same side, host and
+#: triangles.
+COMPILED_LANCZOS_S_PER_ENTRY = 1.5e-6
 
 
 def _inverse_frobenius(sweeps: SparseUpperSolves, limit: float) -> float:
@@ -424,6 +434,44 @@ def _inverse_frobenius(sweeps: SparseUpperSolves, limit: float) -> float:
     return total
 
 
+def _compiled_operand(T) -> Optional[sp.csc_array]:
+    """T as :func:`_compiled_sigma_min` solves with it (canonical float64 CSC), or None
+    where that path does not apply to T: dense, not float64, of order 2 or less, filling
+    more than :data:`COMPILED_SIGMA_MAX_FILL` of q², over :data:`SUPERLU_MAX_NNZ`
+    entries, not upper triangular, or a zero or non-finite diagonal entry."""
+    q = T.shape[0]
+    if (not sp.issparse(T) or T.dtype != np.float64 or q <= 2
+            or T.nnz > COMPILED_SIGMA_MAX_FILL * q * q or T.nnz > SUPERLU_MAX_NNZ):
+        return None
+    T = sp.csc_array(T)
+    if not T.has_canonical_format:
+        T = T.copy()
+        T.sum_duplicates()
+    if _triangle_side(T, upper_only=True) is None:
+        return None
+    d = np.abs(T.diagonal())
+    if not bool(np.all(np.isfinite(d)) and np.all(d > 0)):
+        return None
+    return T
+
+
+def compiled_sigma_applies(T) -> bool:
+    """Whether σ_min of T comes from the host's compiled sweeps
+    (:func:`_compiled_sigma_min`: :func:`_compiled_operand` takes T and the library is
+    at hand); otherwise the host's dense path answers."""
+    return _compiled_operand(T) is not None and native_at_hand()
+
+
+def compiled_sigma_seconds(order: int, entries: float) -> float:
+    """Predicted seconds of σ_min on the host's compiled sweeps
+    (:func:`_compiled_sigma_min`) of a triangle of this order and entries, on the dear
+    side: the whole ``‖T⁻¹‖_F`` (``entries·order/2`` multiply-adds at
+    :data:`COMPILED_SIGMA_S_PER_MADD`; the sum stops early where the bound fails) and a
+    Lanczos run (:data:`COMPILED_LANCZOS_S_PER_ENTRY` per entry)."""
+    return float(entries) * (COMPILED_SIGMA_S_PER_MADD * order / 2.0
+                             + COMPILED_LANCZOS_S_PER_ENTRY)
+
+
 def _compiled_sigma_min(T, threshold: float) -> Optional[SigmaMin]:
     """The dense path's answer for a sparse T of order at most
     :data:`DENSE_SIGMA_LIMIT` through the compiled sparse sweeps
@@ -437,24 +485,15 @@ def _compiled_sigma_min(T, threshold: float) -> Optional[SigmaMin]:
     The same verdicts and values as the dense path up to rounding (the sweeps sum
     in another order than ``trtri`` and BLAS). The Frobenius sum stops once it
     shows that the bound fails. None (the dense path answers) where it does not
-    apply: T dense, not float64, not upper triangular, filling more than
-    :data:`COMPILED_SIGMA_MAX_FILL` of q² (the dense path is then cheaper), over
-    :data:`SUPERLU_MAX_NNZ` entries, a zero or non-finite diagonal entry, the
-    library not at hand, a block of T⁻¹ that is not finite, or a Lanczos run that
-    fails or does not end finite.
+    apply (:func:`_compiled_operand`: T dense, not float64, not upper triangular,
+    filling more than :data:`COMPILED_SIGMA_MAX_FILL` of q² (the dense path is then
+    cheaper), over :data:`SUPERLU_MAX_NNZ` entries, a zero or non-finite diagonal
+    entry), the library not at hand, a block of T⁻¹ that is not finite, or a Lanczos
+    run that fails or does not end finite.
     """
     q = T.shape[0]
-    if (not sp.issparse(T) or T.dtype != np.float64 or q <= 2
-            or T.nnz > COMPILED_SIGMA_MAX_FILL * q * q or T.nnz > SUPERLU_MAX_NNZ):
-        return None
-    T = sp.csc_array(T)
-    if not T.has_canonical_format:
-        T = T.copy()
-        T.sum_duplicates()
-    if _triangle_side(T, upper_only=True) is None:
-        return None
-    d = np.abs(T.diagonal())
-    if not bool(np.all(np.isfinite(d)) and np.all(d > 0)):
+    T = _compiled_operand(T)
+    if T is None:
         return None
     lib = native_handle()
     if lib is None:

@@ -36,7 +36,7 @@ from .._cpu._libs import open_library
 from .._cpu.colamd import colamd, colamd_available
 from .._cpu.metis import nested_dissection
 
-__all__ = ["column_ordering", "ORDERINGS"]
+__all__ = ["column_ordering", "ORDERINGS", "amd_declaration_set"]
 
 ORDERINGS = ("colamd", "natural", "given", "amd", "metis")
 
@@ -47,9 +47,15 @@ int64_t amd_l_order(int64_t n, const int64_t Ap[], const int64_t Ai[], int64_t P
 """
 
 
+def amd_declaration_set() -> tuple[str, str]:
+    """The name and C declarations of AMD's cffi declaration set (what
+    :func:`_amd_lib` declares; ``build_kernels.py`` writes its module ahead)."""
+    return "amd", _AMD_CDEF
+
+
 @functools.lru_cache(maxsize=1)
 def _amd_lib():
-    ffi = declared_ffi("amd", _AMD_CDEF)
+    ffi = declared_ffi(*amd_declaration_set())
     return ffi, open_library(ffi, "amd")
 
 
