@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 
-from scipy_gpuqr._engine.gpu import driver
+from scipy_gpuqr._engine.gpu import driver, mapped_stage
 from scipy_gpuqr._engine.gpu.device import NumpyDevice
 from scipy_gpuqr._engine.gpu.driver import gpu_factorize
 from scipy_gpuqr._engine.gpu.pool_copy import NumpyPoolCopy, front_finality
@@ -245,14 +245,14 @@ def test_a_chunk_mapped_late_shows(grid9, monkeypatch):
     NumPy layer leaves a chunk NaN until mapped and zeroes it then, so the run
     raises or answers otherwise, never silently the same."""
     A, an, ref, needs, one, sched = grid9
-    real = driver.pool_map
+    real = mapped_stage.pool_map
 
     def early(fs, st, isz, chunk):
         pm = real(fs, st, isz, chunk)
         first = np.where(pm.last > pm.first, pm.first + 1, pm.first)
         return PoolMap(pm.chunk, first, pm.last, pm.nlaunch, pm.itemsize)
     limit = _mapped_limit(an, needs, sched)
-    monkeypatch.setattr(driver, "pool_map", early)
+    monkeypatch.setattr(mapped_stage, "pool_map", early)
     _forget_maps(sched)
     dev = _device(limit)
     try:

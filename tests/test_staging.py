@@ -21,7 +21,7 @@ from scipy_gpuqr._engine.gpu.driver import gpu_factorize
 from scipy_gpuqr._engine.memory import (CHECK_CHUNK, POOL_USABLE, RESERVE, USABLE,
                                         DeviceMemory, GpuMemoryExhausted, available_bytes,
                                         front_needs, min_budget, min_budget_of_front,
-                                        plan_for_memory, plan_need,
+                                        plan_for_memory, plan_need, solve_bytes,
                                         stage_bytes, vt_elements)
 from scipy_gpuqr._errors import DeviceOutOfMemory, GpuFallbackWarning
 from scipy_gpuqr._schedule.dense import dense_front_mask
@@ -293,7 +293,7 @@ def test_solves_needs_decide_where_the_last_pool_stays(monkeypatch):
     sched = build_schedule(an, tile=TILE, bundle=BUNDLE, plan=mp.plan)
     assert len(sched.stages) > 1
     pools = [st.pool_size * 8 for st in sched.stages]
-    base = needs.fixed + driver._solve_bytes(an, sched)
+    base = needs.fixed + solve_bytes(an, sched)
     rk = an.fronts.frank.astype(np.int64)
     side = [int((rk[a:b + 1] ** 2).max()) * 8 for a, b in (st.fronts for st in sched.stages)]
     per = [p + s_ for p, s_ in zip(pools, side)]

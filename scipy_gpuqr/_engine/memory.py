@@ -56,7 +56,7 @@ from .._schedule.tasks import TASK_BYTES
 from .._symbolic.staging import StagePlan
 from .dense_front import DEFAULT_PANEL
 
-__all__ = ["USABLE", "POOL_USABLE", "RESERVE", "CHECK_CHUNK", "R_SLOT_BYTES",
+__all__ = ["solve_bytes", "USABLE", "POOL_USABLE", "RESERVE", "CHECK_CHUNK", "R_SLOT_BYTES",
            "DENSE_STREAMS", "DeviceMemory", "FrontNeeds", "MemoryPlan", "GpuMemoryExhausted",
            "available_bytes", "largest_block_bytes", "make_room", "vt_elements", "front_needs",
            "plan_for_memory", "plan_need", "stage_bytes", "min_budget", "min_budget_of_front"]
@@ -539,3 +539,10 @@ def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=(),
                    + ntasks * TASK_BYTES + int(needs.leaving[away].sum()) + int(sum(work))
                    + needs.per_stage + min(int(st.pool_size), CHECK_CHUNK))
     return out
+
+
+def solve_bytes(analysis, sched) -> int:
+    """Device bytes of the solves besides the fixed bytes, the stage pools and a
+    front's companions (the GPU driver's memory checks): the replay's records and row
+    map, a few vectors of length m + n (float64)."""
+    return int(sched.ntasks) * 96 + 8 * (int(analysis.m) + int(analysis.n)) * 8

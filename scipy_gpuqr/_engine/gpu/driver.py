@@ -76,15 +76,16 @@ from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront, HostDenseFront
 from ..host.reference import reference_factorize, task_list_input
-from ..memory import (DeviceMemory, GpuMemoryExhausted, MemoryPlan, front_needs, min_budget,
-                      min_budget_of_front, plan_for_memory, stage_bytes, vt_elements)
-from ..pool_map import CHUNK_BYTES, part_elements, pool_map, replay_parts
+from ..memory import (DeviceMemory, GpuMemoryExhausted, front_needs, min_budget,
+                      min_budget_of_front, plan_for_memory, solve_bytes, stage_bytes,
+                      vt_elements)
 from ..slab_front import slab_columns
 from ..tasklist_qr import TaskListQR
 from . import solve as gpu_solve
 from .device import CupyDevice
 from .factorize_kernels import prefetch_engine_kernels
-from .reflector_upload import SMALL_FRONT, packed_size_bound
+from .mapped_stage import mapped_stage
+from .reflector_upload import packed_size_bound
 from . import call_pins, replay_ahead, rlayout_store
 from .rlayout import r_layout, r_layout_cached
 from .stage_loop import StageLoop, assemble_r, r_dtype
@@ -117,7 +118,7 @@ STAGED_DENSES = ("size", "oversized")
 
 #: Whether a factorization whose memory plan has stages runs as one stage whose
 #: pool is mapped chunk by chunk where the fronts alive fit
-#: (:mod:`~scipy_gpuqr._engine.pool_map`, :func:`mapped_stage`).
+#: (:mod:`~scipy_gpuqr._engine.pool_map`, :func:`~.mapped_stage.mapped_stage`).
 MAP_POOL = True
 
 #: Restaging attempts after device out-of-memory before the CPU fallback.
@@ -810,7 +811,7 @@ def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_ta
     the schedule built here is then a hit of the scheduler's cache. ``pins``: the
     stage's pinned buffers pinned meanwhile (:class:`~.call_pins.CallPins`), taken
     by the device layer while this attempt runs, or None. ``mapped``: the
-    :class:`MappedStage` of ``mplan`` (its one stage's pool mapped chunk by
+    :class:`~.mapped_stage.MappedStage` of ``mplan`` (its one stage's pool mapped chunk by
     chunk), or None.
 
     Raises
@@ -869,7 +870,7 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int, mapped=None) -> tupl
     nor in the solves (its front's ``Q`` and R are applied on the host).
     ``keep_last``: the last stage's pool stays on the device beside an uploaded
     one; ``cache_dense``: device copies of the dense fronts sent to the host are
-    kept once made. ``mapped``: stage → its :class:`MappedStage` (a pool backed
+    kept once made. ``mapped``: stage → its :class:`~.mapped_stage.MappedStage` (a pool backed
     chunk by chunk, :mod:`~scipy_gpuqr._engine.pool_map`): its mapped bytes
     counted, its pool sent to the host during the stage, the last one's too
     (``keep_last`` False), its solves' uploads those of its replay's parts.
@@ -889,7 +890,7 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int, mapped=None) -> tupl
     fs = analysis.fronts
     rk = fs.frank.astype(np.int64)
     dense_b = _dense_bytes(analysis, sched, isz)
-    base = fixed + _solve_bytes(analysis, sched)
+    base = fixed + solve_bytes(analysis, sched)
     per = []                    # a stage's uploads for the solves, with its largest companion
     for sid, st in enumerate(sched.stages):
         a, b = st.fronts
@@ -916,110 +917,6 @@ def _memory_checks(analysis, sched, mplan, needs, isz: int, mapped=None) -> tupl
     return keep_last, cache_dense
 
 
-@dataclass(frozen=True)
-class MappedStage:
-    """A factorization run as one stage whose pool is mapped chunk by chunk
-    (:func:`mapped_stage`).
-
-    Attributes
-    ----------
-    mplan : MemoryPlan
-        One stage, its need the mapped count.
-    pmap : PoolMap
-        The chunks' lifetimes, ``cap`` set to the chunks that fit.
-    parts : list of int
-        First launch of each part ``Q``'s replay uploads at once.
-    peak_bytes : int
-        Bytes of the chunks mapped at most (the plan's count).
-    upload_elements : int
-        Elements the solves upload at once: the largest part's reflectors or R's
-        rows, whichever is larger.
-    """
-
-    mplan: MemoryPlan
-    pmap: object
-    parts: list
-    peak_bytes: int
-    upload_elements: int
-
-    def info(self) -> dict:
-        """``info['memory']['pool_map']``: what the plan counted."""
-        pm = self.pmap
-        return {"chunk_bytes": pm.chunk_bytes, "chunks": pm.nchunks,
-                "cap_chunks": pm.cap, "planned_peak_bytes": self.peak_bytes,
-                "replay_parts": len(self.parts)}
-
-
-def mapped_stage(analysis, needs, available: int, max_gpu_memory, device, *, tile, bundle,
-                 pipelining, max_tasks, dense_flops, dense_cpl, dense_extra,
-                 itemsize: int):
-    """The factorization as one stage whose pool is backed only where its fronts
-    are alive (:mod:`~scipy_gpuqr._engine.pool_map`), where that fits
-    ``available`` bytes; else None.
-
-    It needs the one-stage schedule with its records (a pattern factorized
-    before in the process, or whose plan is on disk), no dense fronts and no
-    host front, a layer that maps (``device.can_map``), the chunks alive at
-    most beside the fixed bytes and the stage's other allocations (no gather
-    index of R: its values come from the pool sent to the host), and the
-    solves: ``Q``'s replay reads the stage's reflectors in parts of its launches
-    (:func:`~scipy_gpuqr._engine.pool_map.replay_parts`), R's rows at once.
-    The chunks are the layer's ``map_chunk_bytes`` (default
-    :data:`~scipy_gpuqr._engine.pool_map.CHUNK_BYTES`).
-    """
-    chunk_bytes = int(getattr(device, "map_chunk_bytes", CHUNK_BYTES))
-    one = analysis.stage_plan(max_gpu_memory)        # the plan without a limit
-    if len(one.stages) != 1 or not hasattr(device, "map_chunks"):
-        return None
-    sched = build_schedule(analysis, tile=tile, bundle=bundle, pipelining=pipelining,
-                           max_gpu_memory=max_gpu_memory, max_tasks=max_tasks, lazy=True,
-                           dense_flops=dense_flops, dense_columns_per_launch=dense_cpl,
-                           plan=one, dense_extra=dense_extra or None)
-    st = sched.stages[0]
-    if not st.materialized or st.dense or st.carried:
-        return None
-    isz = int(itemsize)
-    if not device.can_map(int(st.pool_size) * isz, chunk_bytes):
-        return None
-    extras = getattr(sched, "extras", None)
-    made = ("mapped_stage", int(chunk_bytes), isz, int(available))
-    if extras is not None and made in extras:       # this pattern under this memory before
-        return extras[made]
-    out = _mapped_stage(analysis, needs, available, sched, isz, chunk_bytes, one)
-    if extras is not None:
-        extras[made] = out
-    return out
-
-
-def _mapped_stage(analysis, needs, available, sched, isz, chunk_bytes, plan):
-    """:func:`mapped_stage`'s plan for the one-stage schedule ``sched``."""
-    st = sched.stages[0]
-    extras = getattr(sched, "extras", None)
-    key = ("pool_map", int(chunk_bytes), isz)
-    pm = extras.get(key) if extras is not None else None
-    if pm is None:
-        pm = pool_map(analysis.fronts, st, isz, chunk_bytes)
-        if extras is not None:
-            extras[key] = pm
-    other = stage_bytes(sched, analysis, needs, isz, mapped={0: 0})[0]
-    cap = (int(available) - needs.fixed - other) // pm.chunk_bytes
-    if pm.peak() > cap:
-        return None
-    pm = replace(pm, cap=int(cap))
-    fs = analysis.fronts
-    rk = fs.frank.astype(np.int64)
-    side = int((rk ** 2).max()) * 8 if len(rk) else 0
-    room = (int(available) - needs.fixed - _solve_bytes(analysis, sched) - side) // isz
-    rows = int((rk * fs.fn.astype(np.int64)).sum())
-    parts = replay_parts(fs, st, room, sched.tile, SMALL_FRONT) if rows <= room else None
-    if parts is None:
-        return None
-    peak = pm.peak_bytes()
-    mplan = MemoryPlan(plan, (other + peak,), int(available), needs.fixed, ())
-    upload = max([rows] + part_elements(fs, st, parts, sched.tile, SMALL_FRONT))
-    return MappedStage(mplan, pm, parts, peak, upload)
-
-
 def _stage_upload_elements(fs, st, tile: int) -> int:
     """Elements the solves upload at once of a stage whose pool left the device:
     ``Q``'s packed reflector pieces (:func:`~.reflector_upload.packed_size_bound`)
@@ -1032,13 +929,6 @@ def _stage_upload_elements(fs, st, tile: int) -> int:
     whole = np.isin(f, np.asarray(list(st.dense), dtype=np.int64))
     refl = packed_size_bound(np.asarray(st.foff)[f], fm, fn, whole, tile)
     return min(int(st.pool_size), max(refl, int((rk * fn).sum())))
-
-
-def _solve_bytes(analysis, sched) -> int:
-    """Device bytes of the solves besides the fixed bytes, the stage pools and a
-    front's companions (:func:`_memory_checks`): the replay's records and row
-    map, a few vectors of length m + n (float64)."""
-    return int(sched.ntasks) * 96 + 8 * (int(analysis.m) + int(analysis.n)) * 8
 
 
 def _host_side(analysis, sched, plan_stages, cold, early=None):
@@ -1076,7 +966,7 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
     ``host_side``: the future of :func:`_host_side`; ``t0``/``t1``: start and
     end of the schedule's build (``info["seconds"]``); ``pins``: the device layer's
     pinned buffers for the stages (:class:`~.call_pins.CallPins`), given back after them.
-    ``mapped``: the :class:`MappedStage` of a one-stage schedule whose pool is mapped
+    ``mapped``: the :class:`~.mapped_stage.MappedStage` of a one-stage schedule whose pool is mapped
     chunk by chunk (``Q``'s replay then reads it in its parts).
     """
     m, n = Ac.shape
