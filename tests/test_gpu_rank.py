@@ -444,6 +444,30 @@ def test_nullspace_cod_fetches_qtb_beside_its_first_block(monkeypatch, rng):
         assert np.linalg.norm(x - x_first) <= 1e-10 * np.linalg.norm(x_first)
 
 
+def _solved_queued_then_fetched(monkeypatch, A, b, decided):
+    """``QRFactorization(A, backend='gpu').solve(b)`` twice: with ``Qᵀb`` queued on the
+    device for the rank decision, then (``_device_rhs`` patched away for the rest of the
+    test) fetched to the host first. Per arm ``(x, rank, replays)``, ``replays`` saying
+    for each replay of ``Qᵀ`` whether its operand was on the device; ``decided(F)``
+    checks each factorization's rank decision before it is freed."""
+    import cupy
+    from scipy_gpuqr._factor.factored import FactoredQR
+    runs = []
+    for arm in ("queued", "fetched first"):
+        if arm != "queued":
+            monkeypatch.setattr(FactoredQR, "_device_rhs", lambda self, B, given: None)
+        F = QRFactorization(A, backend="gpu")
+        replays = []
+        real_qt = F._core.num.qt_matmul
+        F._core.num.qt_matmul = lambda B, real=real_qt: (
+            replays.append(isinstance(B, cupy.ndarray)) or real(B))
+        x = F.solve(b)
+        decided(F)
+        runs.append((x, int(F.rank), replays))
+        F.free()
+    return runs
+
+
 def test_nullspace_cod_reads_the_queued_qtb_on_the_device(monkeypatch, rng):
     """GPU factors on the device whole: ``Qᵀb`` is queued on the device for the
     decision (``rhs_device``),
@@ -471,19 +495,10 @@ def test_nullspace_cod_reads_the_queued_qtb_on_the_device(monkeypatch, rng):
     A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
     b = rng.standard_normal(A.shape[0])
     x_ref = np.linalg.lstsq(A.toarray(), b, rcond=None)[0]
-    runs = []
-    for arm in ("queued", "fetched first"):
-        if arm != "queued":
-            monkeypatch.setattr(FactoredQR, "_device_rhs", lambda self, B, given: None)
-        F = QRFactorization(A, backend="gpu")
-        replays = []
-        real_qt = F._core.num.qt_matmul
-        F._core.num.qt_matmul = lambda B, real=real_qt: (
-            replays.append(isinstance(B, cupy.ndarray)) or real(B))
-        runs.append((F.solve(b), replays))
+    def decided(F):
         assert F._core.rank_decision().method == "nullspace_cod" and F.rank == 1714
-        F.free()
-    (x, on_device), (x_first, on_host) = runs
+    (x, _, on_device), (x_first, _, on_host) = _solved_queued_then_fetched(
+        monkeypatch, A, b, decided)
     assert queued == [True] and fetched[0] is True
     # b's Qᵀ replayed once either way (queued on the device, or on the host's b); the
     # refinement's own residuals (if any) on the host
@@ -505,7 +520,6 @@ def test_queued_decision_equals_the_synchronous_steps(monkeypatch, rng, case):
     and within 1e-9 of lstsq's, b's ``Qᵀ`` replayed once, no Householder."""
     import cupy
     from scipy_gpuqr._factor import solve_rank as sr
-    from scipy_gpuqr._factor.factored import FactoredQR
     from scipy_gpuqr._testing_matrices import qap_linearization
     monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
     monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
@@ -517,22 +531,12 @@ def test_queued_decision_equals_the_synchronous_steps(monkeypatch, rng, case):
          else sp.csc_array(qap_linearization(10).T))             # 4150×1820
     b = rng.standard_normal(A.shape[0])
     x2 = lsqr(A, b, backend="gpu")[0]                      # queued too
-    runs = []
-    for arm in ("queued", "fetched first"):
-        if arm != "queued":
-            monkeypatch.setattr(FactoredQR, "_device_rhs", lambda self, B, given: None)
-        F = QRFactorization(A, backend="gpu")
-        replays = []
-        real_qt = F._core.num.qt_matmul
-        F._core.num.qt_matmul = lambda B, real=real_qt: (
-            replays.append(isinstance(B, cupy.ndarray)) or real(B))
-        x = F.solve(b)
+    def decided(F):
         solver = F._core.rank_decision()
         assert solver.method == "nullspace_cod" and solver.cod_device == "gpu"
         assert isinstance(solver._cod._v, cupy.ndarray)
-        runs.append((x, int(F.rank), replays))
-        F.free()
-    (x, rank, replays), (x_first, rank_first, _) = runs
+    (x, rank, replays), (x_first, rank_first, _) = _solved_queued_then_fetched(
+        monkeypatch, A, b, decided)
     # b's Qᵀ replayed once, queued on the device (the refinement's residuals, if any,
     # on the host)
     assert rank == rank_first and replays[0] is True and not any(replays[1:])

@@ -19,6 +19,7 @@ import pytest
 from scipy_gpuqr._engine.memory import plan_for_memory
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
+from _pool_limit import limited_pool
 
 pytestmark = pytest.mark.gpu
 
@@ -57,15 +58,6 @@ def _device():
     return dev
 
 
-def _limited(limit):
-    import cupy as cp
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    base = pool.used_bytes()
-    pool.set_limit(size=base + int(limit))
-    return pool, base
-
-
 def test_mapped_range_on_the_device():
     import cupy as cp
     from scipy_gpuqr._engine.gpu import vmm
@@ -97,7 +89,7 @@ def test_half_the_memory_runs_one_mapped_stage(problem):
     A, an, need, b, (R0, z0, y0) = problem
     before = _free_device_bytes()
     limit = need // 2
-    pool, base = _limited(limit)
+    pool, base = limited_pool(limit)
     try:
         dev = _device()
         g = driver.gpu_factorize(A, an, device=dev)
@@ -129,7 +121,7 @@ def test_a_quarter_stages_as_before(problem):
     from scipy_gpuqr._engine.gpu import driver
     A, an, need, b, (R0, z0, y0) = problem
     limit = need // 4
-    pool, base = _limited(limit)
+    pool, base = limited_pool(limit)
     try:
         g = driver.gpu_factorize(A, an, device=_device())
         assert g.info["pool_map"] is None and g.info["memory"]["pool_map"] is None
@@ -155,7 +147,7 @@ def test_public_call_at_half_answers_as_unlimited(problem):
     F0 = QRFactorization(A, backend="gpu")
     x0 = F0.solve(b)
     F0.free()
-    pool, base = _limited(need // 2)
+    pool, base = limited_pool(need // 2)
     try:
         F = QRFactorization(A, backend="gpu")
         x = F.solve(b)

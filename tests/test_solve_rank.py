@@ -344,6 +344,15 @@ def _colmajor(X, ld, rows, cols):
                                            strides=(mem.itemsize, mem.itemsize * ld))
 
 
+def _graded(rng, q: int, s) -> np.ndarray:
+    """A q × len(s) block with singular values ``s`` and random singular vectors
+    (C order)."""
+    d = len(s)
+    U, _ = np.linalg.qr(rng.standard_normal((q, d)))
+    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    return np.ascontiguousarray((U * s) @ V.T)
+
+
 def _fake_device(monkeypatch):
     """A stand-in for CuPy (NumPy arrays, a module named 'cupy') and for
     ``array_ops`` (each operation by NumPy on the arrays' memory as the kernels and
@@ -555,10 +564,8 @@ def test_device_thin_qr_by_cholesky_qr2(rng, monkeypatch, decades):
     two otherwise, the departure measured exactly (``G − I``, G restored)."""
     xp, called = _fake_device(monkeypatch)
     blocks = _sr._DeviceBlocks(xp)
-    q, d = 700, 60
-    Uq, _ = np.linalg.qr(rng.standard_normal((q, d)))
-    Vq, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    X = np.ascontiguousarray((Uq * np.logspace(0, -decades, d)) @ Vq.T)
+    d = 60
+    X = _graded(rng, 700, np.logspace(0, -decades, d))
     X0 = X.copy()
     Q, R = blocks.orth(X)
     assert "thin_qr" not in called
@@ -589,12 +596,10 @@ def test_device_thin_qr_falls_back_to_householder(rng, monkeypatch, how):
     xp, called = _fake_device(monkeypatch)
     blocks = _sr._DeviceBlocks(xp)
     q, d = 500, 40
-    Uq, _ = np.linalg.qr(rng.standard_normal((q, d)))
-    Vq, _ = np.linalg.qr(rng.standard_normal((d, d)))
     s = np.logspace(0, -8.5 if how == "departure" else -11, d)
     if how == "rank-deficient":
         s[-5:] = 0.0
-    X = np.ascontiguousarray((Uq * s) @ Vq.T)
+    X = _graded(rng, q, s)
     if how == "not finite":
         X = rng.standard_normal((q, d))
         X[3, 7] = np.inf
@@ -1080,10 +1085,8 @@ def test_queued_thin_qr_equals_orth(rng, monkeypatch, decades, both):
     kept."""
     xp, called = _fake_device(monkeypatch)
     blocks = _sr._DeviceBlocks(xp)
-    q, d = 700, 60
-    Uq, _ = np.linalg.qr(rng.standard_normal((q, d)))
-    Vq, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    X = np.ascontiguousarray((Uq * np.logspace(0, -decades, d)) @ Vq.T)
+    d = 60
+    X = _graded(rng, 700, np.logspace(0, -decades, d))
     X0 = X.copy()
     with np.errstate(all="ignore"):
         got = blocks.orth_queued(X, blocks.unit_vectors(d), both=both)

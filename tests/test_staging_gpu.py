@@ -24,6 +24,7 @@ from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, dense_front_mask
 from scipy_gpuqr._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
+from _pool_limit import limited_pool
 
 pytestmark = pytest.mark.gpu
 
@@ -55,22 +56,13 @@ def problem():
     return A, b, an, needs, need, x0
 
 
-def _limited(limit_bytes):
-    import cupy as cp
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    base = pool.used_bytes()
-    pool.set_limit(size=base + int(limit_bytes))
-    return pool, base
-
-
 @pytest.mark.parametrize("frac", [2, 4, 8])
 def test_pool_limit_stages_or_falls_back_truthfully(problem, frac):
     from scipy_gpuqr import QRFactorization
     A, b, an, needs, need, x0 = problem
     limit = need // frac
     fits = plan_for_memory(an, needs, int(POOL_USABLE * limit)).feasible
-    pool, base = _limited(limit)
+    pool, base = limited_pool(limit)
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
@@ -116,7 +108,7 @@ def test_out_of_memory_mid_run_restages_without_leaking(problem, monkeypatch):
             return DeviceMemory(4 * m.available, m.limited_by, m.detail)
         return m
     monkeypatch.setattr(driver, "_device_memory", lying)
-    pool, base = _limited(limit)
+    pool, base = limited_pool(limit)
     try:
         g = driver.gpu_factorize(A, an)
         assert g.info["backend"] == "gpu" and g.info["restaged"] >= 1
@@ -189,7 +181,7 @@ def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, 
     mp = plan_for_memory(an, needs, int(POOL_USABLE * limit))
     assert mp.feasible and root in mp.host
     m, n = A.shape
-    pool, base = _limited(limit)
+    pool, base = limited_pool(limit)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", GpuFallbackWarning)
@@ -415,7 +407,7 @@ def test_prefetched_replay_equals_one_upload_at_a_time(problem, share, dense_flo
         need = plan_for_memory(an, front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt,
                                                dense=dense), None).peak
     B = np.cos(np.arange(A.shape[0] * 3, dtype=np.float64)).reshape(-1, 3)
-    pool, base = _limited(need * share[0] // share[1])      # 5 to 7 stages
+    pool, base = limited_pool(need * share[0] // share[1])      # 5 to 7 stages
     try:
         g = driver.gpu_factorize(A, an, dense_flops=dense_flops)
         assert g.info["backend"] == "gpu" and g.info["stages"] > 2
@@ -574,7 +566,7 @@ def test_staged_decision_solves_its_first_block_beside_qtb(monkeypatch):
     sides = []
     real = sr._side_stream
     monkeypatch.setattr(sr, "_side_stream", lambda cp_: sides.append(real(cp_)) or sides[-1])
-    pool, base = _limited(need // 2)
+    pool, base = limited_pool(need // 2)
     xs = {}
     try:
         for beside in (True, False, True):
