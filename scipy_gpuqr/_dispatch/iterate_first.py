@@ -478,6 +478,7 @@ class Allowance:
         self._verdict = ("", 0)                    # (kind, consecutive checkpoints)
         self._last: Optional[float] = None
         self._last_itn = 0                         # the last report's iteration
+        self._bound_checked = False                # a checkpoint past route.opens_at made
         self.fastest = math.inf                    # the fastest iteration's seconds
         self._pace = math.inf                      # the fastest s/iteration between reports
 
@@ -512,8 +513,10 @@ class Allowance:
         if self._ahead_at is not None and t >= self._ahead_at:
             self._ahead_at = None
             self._square.factor_ahead(readings=self.route.reads_ahead())
-        if t < self.next_check and state.itn < self.route.opens_at:
+        if t < self.next_check and (state.itn < self.route.opens_at or self._bound_checked):
             return False                    # most iterations: nothing more to do
+        # the first report past the bound is a checkpoint; then the schedule's again
+        self._bound_checked = state.itn >= self.route.opens_at
         self.next_check = max(t * (1 + CHECK_GROWTH), t + CHECK_INTERVAL_S)
         # a process paused by a busy machine: its iterations did not take that long
         return self.decide(state.itn, min(t, state.itn * self.fastest))
@@ -527,7 +530,7 @@ class Allowance:
         at = self.next_check if self._ahead_at is None else min(self.next_check, self._ahead_at)
         at += self.analysis_s
         opens = self.route.opens_at
-        if opens < math.inf and self._last is not None:
+        if self._last is not None and self._last_itn < opens < math.inf:
             at = min(at, self._last + (opens - self._last_itn) * self._pace)
         return at
 
