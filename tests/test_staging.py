@@ -1651,21 +1651,21 @@ def test_staged_r_assembled_on_a_worker_beside_q_first_upload(monkeypatch):
                       dense_flops=_HOST_FLOPS)
     assert g.info["stages"] > 1 and where[-1].startswith("gpuqr-assemble-r"), where
     behind = (g.R.toarray(), g.qt_matmul(b))
-    worker = driver._on_worker
+    worker = driver.on_worker
 
-    def inline_assembly(fn, name):
+    def inline_assembly(name, fn, *args):
         if name != "gpuqr-assemble-r":
-            return worker(fn, name)
+            return worker(name, fn, *args)
         done = Future()
-        done.set_result(fn())
+        done.set_result(fn(*args))
         return done
-    monkeypatch.setattr(driver, "_on_worker", inline_assembly)
+    monkeypatch.setattr(driver, "on_worker", inline_assembly)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE, memory_limit=limit),
                       dense_flops=_HOST_FLOPS)
     assert where[-1] == threading.current_thread().name
     np.testing.assert_array_equal(g.R.toarray(), behind[0])
     np.testing.assert_array_equal(g.qt_matmul(b), behind[1])
-    monkeypatch.setattr(driver, "_on_worker", worker)
+    monkeypatch.setattr(driver, "on_worker", worker)
     g = gpu_factorize(A, an, device=NumpyDevice(TILE, BUNDLE), dense_flops=_HOST_FLOPS)
     assert g.info["stages"] == 1 and where[-1] == threading.current_thread().name
 

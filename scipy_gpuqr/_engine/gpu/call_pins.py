@@ -22,12 +22,12 @@ asks; a buffer the block cannot hold is pinned as before.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..._schedule.tasks import TASK_BYTES
 from .device import pinned_pool_cap
+from .worker import on_worker
 from .pinned_ahead import PINNED_ALIGN, PINNED_LANE_SLACK, PinnedAhead
 
 __all__ = ["CallPins", "start", "sizes_of_schedule", "sizes_of_plan", "one_stage", "wanted",
@@ -165,8 +165,4 @@ def start(sizes) -> CallPins | None:
     total = sum(_align(b) for b in sizes) + PINNED_LANE_SLACK + PINNED_ALIGN
     if total > pinned_pool_cap():
         return None
-    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-call-pins")
-    try:
-        return CallPins(ex.submit(_pin, total))
-    finally:
-        ex.shutdown(wait=False)
+    return CallPins(on_worker("gpuqr-call-pins", _pin, total))

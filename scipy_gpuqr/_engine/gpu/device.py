@@ -76,6 +76,7 @@ from . import vmm
 from .pool_copy import CupyPoolCopy, NumpyPoolCopy
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, NumpyRCopy, PinnedStaging,
                     staging_for)
+from .worker import on_worker
 
 __all__ = ["GpuEngineError", "DeviceOutOfMemory", "CupyDevice", "NumpyDevice",
            "HostFrontDevice"]
@@ -518,11 +519,8 @@ class HostFrontDevice(NumpyDevice):
         ends = np.array([b for _, b in blocks], dtype=np.int64)
         jobs = self._ahead.setdefault(key, [])
         before = jobs[-1][2] if jobs else None
-        ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-assemble")
-        try:
-            job = ex.submit(self._assemble, made, zeroed, np.array(records), waits, before)
-        finally:
-            ex.shutdown(wait=False)
+        job = on_worker("gpuqr-host-assemble", self._assemble, made, zeroed, np.array(records),
+                        waits, before)
         jobs.append((starts, ends, job))
         return True
 

@@ -89,6 +89,7 @@ from .reflector_upload import packed_size_bound
 from . import call_pins, replay_ahead, rlayout_store
 from .rlayout import r_layout, r_layout_cached
 from .stage_loop import StageLoop, assemble_r, r_dtype
+from .worker import on_worker
 
 __all__ = ["gpu_factorize", "GpuQR", "GpuEngineError"]
 
@@ -711,11 +712,7 @@ def start_layout_load(analysis):
         future = _LAYOUT_LOADS.get(analysis)
         if future is not None:
             return future
-        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-layout-load")
-        try:
-            future = ex.submit(_load_stored_layout, analysis)
-        finally:
-            ex.shutdown(wait=False)
+        future = on_worker("gpuqr-layout-load", _load_stored_layout, analysis)
         _LAYOUT_LOADS[analysis] = future
     future.add_done_callback(lambda f, key=weakref.ref(analysis): _load_done(key))
     return future
@@ -788,11 +785,10 @@ def start_schedule_load(analysis, *, tile: int, bundle: int, pipelining: bool,
     plan = analysis.stage_plan(None)
     if len(plan.stages) != 1:
         return None
-    return _on_worker(lambda: build_schedule(
+    return on_worker("gpuqr-schedule-load", lambda: build_schedule(
         analysis, tile=tile, bundle=bundle, pipelining=pipelining, max_gpu_memory=None,
         max_tasks=max_tasks, lazy=True, dense_flops=dense_flops,
-        dense_columns_per_launch=dense_columns_per_launch, plan=plan, stored_only=True),
-        "gpuqr-schedule-load")
+        dense_columns_per_launch=dense_columns_per_launch, plan=plan, stored_only=True))
 
 
 def _factorize(Ac, analysis, device, *, budget, tile, bundle, pipelining, max_tasks,
@@ -940,23 +936,14 @@ def _host_side(analysis, sched, plan_stages, cold, early=None):
     A cold schedule's records are made on another worker meanwhile (R's
     layout is mostly compiled loops and page faults, the records mostly NumPy).
     ``early``: a layout load already started (:func:`start_layout_load`)."""
-    records = _on_worker(sched.materialize, "gpuqr-records") if cold else None
+    records = on_worker("gpuqr-records", sched.materialize) if cold else None
     lay = _early_layout(early) if early is not None else None
     lay = r_layout(analysis) if lay is None else lay
     maps_ = lay.stage_maps(plan_stages)
-    pattern = _on_worker(lay.pattern_copy, "gpuqr-r-pattern")
+    pattern = on_worker("gpuqr-r-pattern", lay.pattern_copy)
     if records is not None:
         records.result()
     return lay, maps_, pattern
-
-
-def _on_worker(fn, name: str):
-    """The future of ``fn()`` run on a thread of its own."""
-    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-    try:
-        return ex.submit(fn)
-    finally:
-        ex.shutdown(wait=False)
 
 
 def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, bundle, pins=None,
@@ -1023,7 +1010,7 @@ def _run(Ac, analysis, device, sched, host_side, cold, t0, t1, *, budget, tile, 
         # Q's first stage (a mapped stage's first part) goes up for the solves (its
         # replay's executor made here) while R is assembled on a worker (mostly
         # compiled scatters and waits): the host's work; the link idle otherwise
-        assembly = _on_worker(assemble, "gpuqr-assemble-r")
+        assembly = on_worker("gpuqr-assemble-r", assemble)
         early = gpu_solve.prefetch_first(qr)
         qr.R = assembly.result()
     else:

@@ -19,12 +19,12 @@ layout of fronts) finds no entry and makes its own as before.
 from __future__ import annotations
 
 import types
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from . import solve
 from .stage_loop import stage_reflector_records
+from .worker import on_worker
 
 __all__ = ["start", "wanted", "ahead_factorization"]
 
@@ -78,8 +78,4 @@ def start(m: int, n: int, analysis, sched, host_side, device):
     """The future of the replay plan kept with ``sched``, made on a worker thread
     (``gpuqr-replay-ahead``) once ``host_side`` (the driver's R worker: R's
     layout, the records made) is done. ``m, n``: the factorized matrix' shape."""
-    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-replay-ahead")
-    try:
-        return ex.submit(_make, m, n, analysis, sched, host_side, device)
-    finally:
-        ex.shutdown(wait=False)
+    return on_worker("gpuqr-replay-ahead", _make, m, n, analysis, sched, host_side, device)

@@ -30,6 +30,7 @@ from .. import native as engine_native
 from .device import CupyDevice, HostFrontDevice, pool_block
 from .pool_copy import front_finality, place_upper
 from .pool_mapper import PoolMapper
+from .worker import on_worker
 from .rcopy import (ColumnRCopy, NumpyRCopy, column_bounds, final_entries_cached,
                     strided_runs, touched)
 from .rlayout import r_layout_cached
@@ -248,11 +249,7 @@ class StageLoop:
             # a host stage's R (read from its host pool, which nothing writes any
             # more) gathered on a worker of its own while the next stages run (not
             # the gather thread: the earlier stages' gathers may still be queued there)
-            ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-r")
-            try:
-                values = ex.submit(self.host_r_values, copier)
-            finally:
-                ex.shutdown(wait=False)
+            values = on_worker("gpuqr-host-r", self.host_r_values, copier)
             how = "after the launches, on a worker"
         elif copier is not None:
             values = self.host_r_values(copier)
@@ -307,11 +304,7 @@ class StageLoop:
         lay = self.layout if self.layout is not None else r_layout_cached(self.analysis)
         if lay is None:
             return
-        ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-r-data")
-        try:
-            self._r_data_job = ex.submit(touched, lay.nnz, self.r_dtype, R_DATA_THREADS)
-        finally:
-            ex.shutdown(wait=False)
+        self._r_data_job = on_worker("gpuqr-r-data", touched, lay.nnz, self.r_dtype, R_DATA_THREADS)
 
     def _data(self) -> np.ndarray:
         """R's data array (the one made ahead, waited for)."""
@@ -393,11 +386,7 @@ class StageLoop:
         if sid not in self.host_stages or self.layout is None:
             return
         n = len(self.gmaps[sid][1])
-        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-r-out")
-        try:
-            self.r_out_jobs[sid] = ex.submit(touched, n, self.host_dev.dtype)
-        finally:
-            ex.shutdown(wait=False)
+        self.r_out_jobs[sid] = on_worker("gpuqr-r-out", touched, n, self.host_dev.dtype)
 
     def open_host_r_copy(self, sid: int, h):
         """Host stage ``sid``'s R copier opened before its launches where R's layout
@@ -568,7 +557,7 @@ class StageLoop:
             def make():
                 made = _split_by_finality(gidx, final, L)
                 lay.extra(key, lambda: made)
-            _on_worker(make, "gpuqr-r-split")
+            on_worker("gpuqr-r-split", make)
             return
         down.send_final(L)
         landed = down.landed()
@@ -793,12 +782,8 @@ class StageLoop:
         if (sid in self.kept_jobs or not self.sched.stages[sid].materialized
                 or (extras is not None and ("reflector_records", sid, base) in extras)):
             return
-        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuqr-kept-records")
-        try:
-            self.kept_jobs[sid] = ex.submit(stage_reflector_records, self.sched, sid,
-                                            self.sched.stages[sid], base)
-        finally:
-            ex.shutdown(wait=False)
+        self.kept_jobs[sid] = on_worker("gpuqr-kept-records", stage_reflector_records,
+                                        self.sched, sid, self.sched.stages[sid], base)
 
     def keep_reflector_records(self, sid: int, st) -> None:
         """Each front's Factorize / Apply+Factorize records (``F = 0``), their global
@@ -956,11 +941,7 @@ class _Placing:
         def copy(i0, i1):
             for src, dst in pieces[i0:i1]:          # NumPy releases the GIL
                 dst[...] = src
-        ex = ThreadPoolExecutor(1, thread_name_prefix="gpuqr-host-place")
-        try:
-            self._job = ex.submit(native.run_split, copy, 0, len(pieces), 1)
-        finally:
-            ex.shutdown(wait=False)
+        self._job = on_worker("gpuqr-host-place", native.run_split, copy, 0, len(pieces), 1)
 
     def synchronize(self) -> None:
         self._job.result()
@@ -1062,15 +1043,6 @@ def _take_into(data, host, gidx) -> None:
         np.take(src, gidx[i0:i1], out=data[i0:i1])
 
     native.run_split(take, 0, n, GATHER_PER_THREAD)
-
-
-def _on_worker(fn, name: str) -> None:
-    """``fn()`` on a thread of its own, not waited for."""
-    ex = ThreadPoolExecutor(1, thread_name_prefix=name)
-    try:
-        ex.submit(fn)
-    finally:
-        ex.shutdown(wait=False)
 
 
 def _take_some(data, which, host, gidx) -> None:
