@@ -17,7 +17,8 @@ import pytest
 from scipy_gpuqr._engine.gpu import multi_device, rlayout
 from scipy_gpuqr._engine.gpu.device import NumpyDevice
 from scipy_gpuqr._engine.gpu.multi_device import _host_side, final_launches, multi_gpu_factorize
-from scipy_gpuqr._engine.gpu.rcopy import NumpyRCopy, final_entries, launch_of_records
+from scipy_gpuqr._engine.gpu.rcopy import NumpyRCopy, final_entries
+from scipy_gpuqr._schedule.tasks import record_launches
 from scipy_gpuqr._schedule.dense_split import SplitModel
 from scipy_gpuqr._schedule.devices import defer_carried_packs, map_devices
 from scipy_gpuqr._schedule.sparse import build_schedule
@@ -89,7 +90,7 @@ def test_ordered_maps_hold_the_stage_maps_entries_by_final_launch(A, k):
         np.testing.assert_array_equal(rank, want_rank)
         # never before its column tile's Factorize record, never after the CSC prefix
         tile = int(sched.tile)
-        t, launch = stages[i].tasks, launch_of_records(stages[i])
+        t, launch = stages[i].tasks, record_launches(stages[i].launch_ptr)
         fac = t["type"] == TaskType.FACTORIZE
         ntile = (an.fronts.fn.astype(np.int64) + tile - 1) // tile
         base = np.concatenate([[0], np.cumsum(ntile)])

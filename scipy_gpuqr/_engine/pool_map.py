@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._schedule.tasks import TaskType, factorizes
+from .._schedule.tasks import TaskType, factorizes, record_launches
 
 __all__ = ["CHUNK_BYTES", "PoolMap", "front_lifetimes", "pool_map", "replay_parts",
            "part_elements"]
@@ -110,8 +110,7 @@ def front_lifetimes(fs, stage) -> tuple:
     a, b = (int(x) for x in stage.fronts)
     t = stage.tasks
     if len(t):
-        lp = np.asarray(stage.launch_ptr, dtype=np.int64)
-        launch = np.repeat(np.arange(len(lp) - 1, dtype=np.int64), np.diff(lp))
+        launch = record_launches(stage.launch_ptr)
         front = t["front"].astype(np.int64)
         ok = front >= 0
         np.minimum.at(lo, front[ok], launch[ok])
@@ -186,8 +185,7 @@ def _reflector_needs(fs, stage, tile: int, small: int) -> tuple:
     launch of those records, its place in the pool and whether it goes whole."""
     nl = int(stage.nlaunch)
     t = stage.tasks
-    lp = np.asarray(stage.launch_ptr, dtype=np.int64)
-    launch = np.repeat(np.arange(len(lp) - 1, dtype=np.int64), np.diff(lp))
+    launch = record_launches(stage.launch_ptr)
     kk = factorizes(t["type"]) & (t["front"] >= 0)
     front = t["front"][kk].astype(np.int64)
     nf = int(fs.nfronts)

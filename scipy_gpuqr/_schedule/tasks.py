@@ -79,7 +79,7 @@ __all__ = ["TaskType", "TASK_DTYPE", "TASK_BYTES", "MAX_SLOTS",
            "DEFAULT_APPLY_GRANULE", "empty_tasks", "c_struct_asserts",
            "apply_piece_columns", "apply_split", "FACTORIZE_COST", "record_costs",
            "longest_first", "RECORD_BYTES", "take_records", "join_records", "applies",
-           "factorizes"]
+           "factorizes", "record_launches"]
 
 #: Default tile edge (a tunable: nothing may assume 32).
 DEFAULT_TILE = 32
@@ -148,6 +148,13 @@ def join_records(parts) -> np.ndarray:
     record moved as one item."""
     return np.concatenate([np.ascontiguousarray(p, dtype=TASK_DTYPE).view(RECORD_BYTES)
                            for p in parts]).view(TASK_DTYPE)
+
+
+def record_launches(launch_ptr) -> np.ndarray:
+    """The launch of each record of consecutive launches (int64, in record order):
+    records of launch k are ``records[launch_ptr[k]:launch_ptr[k + 1]]``."""
+    lp = np.asarray(launch_ptr, dtype=np.int64)
+    return np.repeat(np.arange(len(lp) - 1, dtype=np.int64), np.diff(lp))
 
 
 def applies(types) -> np.ndarray:
@@ -322,8 +329,7 @@ def longest_first(records, launch_ptr, tile: int = DEFAULT_TILE) -> np.ndarray:
         A permutation of ``range(len(records))`` that moves records only within
         their launch.
     """
-    lp = np.asarray(launch_ptr, dtype=np.int64)
-    launch = np.repeat(np.arange(len(lp) - 1, dtype=np.int64), np.diff(lp))
+    launch = record_launches(launch_ptr)
     cost = record_costs(records, tile)
     top = int(cost.max(initial=0)) + 1
     return np.argsort(launch * top + (top - 1 - cost), kind="stable")

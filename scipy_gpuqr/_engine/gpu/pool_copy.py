@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rcopy import launch_of_records, whole_front_writes
+from ..._schedule.tasks import record_launches
+from .rcopy import whole_front_writes
 
 __all__ = ["FrontFinality", "front_finality", "CupyPoolCopy", "NumpyPoolCopy",
            "MIN_RANGE_BYTES", "MERGE_GAP", "UPPER_ROWS", "upper_pieces",
@@ -81,7 +82,7 @@ def front_finality(fs, stage) -> FrontFinality:
     size = fs.fm[first:last + 1].astype(np.int64) * fs.fn[first:last + 1].astype(np.int64)
     t = stage.tasks
     if nl:
-        whole = whole_front_writes(fs, stage, launch_of_records(stage),
+        whole = whole_front_writes(fs, stage, record_launches(stage.launch_ptr),
                                    t["type"].astype(np.int64), t["front"].astype(np.int64),
                                    np.ones(len(t), dtype=bool))[members]
     else:

@@ -54,11 +54,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._schedule.native import run_ranges, run_split, thread_count
-from ..._schedule.tasks import TaskType, applies
+from ..._schedule.tasks import TaskType, applies, record_launches
 from .array_ops import take_rows
 
-__all__ = ["upload_through_pinned", "final_entries", "final_entries_cached", "tile_final_launches", "launch_of_records",
-           "whole_front_writes", "staging_for", "PinnedStaging", "StagingTurns", "NumpyRCopy",
+__all__ = ["upload_through_pinned", "final_entries", "final_entries_cached", "tile_final_launches", "whole_front_writes", "staging_for", "PinnedStaging", "StagingTurns", "NumpyRCopy",
            "CupyRCopy",
            "SLOT_BYTES", "MIN_CHUNK_BYTES", "StridedRuns", "strided_runs", "gather_runs",
            "touched", "runs_between", "column_bounds", "ColumnRCopy"]
@@ -157,7 +156,7 @@ def tile_final_launches(fs, stage, tile: int) -> tuple:
     """
     nf = fs.nfronts
     t = stage.tasks
-    launch_of = launch_of_records(stage)
+    launch_of = record_launches(stage.launch_ptr)
     typ = t["type"].astype(np.int64)
     front = t["front"].astype(np.int64)
     fn = fs.fn.astype(np.int64)
@@ -209,12 +208,6 @@ def _range_max(out: np.ndarray, start, length, value) -> None:
         tab, half, below = tables[lv], 1 << (lv - 1), tables[lv - 1]
         np.maximum(below, tab, out=below)
         np.maximum(below[half:], tab[:n - half], out=below[half:])
-
-
-def launch_of_records(stage) -> np.ndarray:
-    """The launch of each of a stage's records (int64, in record order)."""
-    lp = np.asarray(stage.launch_ptr, dtype=np.int64)
-    return np.repeat(np.arange(len(lp) - 1, dtype=np.int64), np.diff(lp))
 
 
 def whole_front_writes(fs, stage, launch_of, typ, front, own) -> np.ndarray:
