@@ -221,6 +221,13 @@ def _all_finite(pool: np.ndarray) -> bool:
     return not bad
 
 
+def _mapped_chunk(h, k: int):
+    """Chunk ``k`` of a mapped stage pool (``h``: the stage's handle, its pool array
+    and :class:`~scipy_gpuqr._engine.pool_map.PoolMap`): a view, the last one short."""
+    c = int(h["pmap"].chunk)
+    return h["pool"][int(k) * c: (int(k) + 1) * c]
+
+
 class NumpyDevice:
     """The device calls over NumPy arrays (CI and the host-logic tests).
 
@@ -317,23 +324,19 @@ class NumpyDevice:
         """Whether a pool of ``nbytes`` may be mapped in chunks of ``chunk_bytes``."""
         return True
 
-    def _chunk(self, h, k: int) -> np.ndarray:
-        c = int(h["pmap"].chunk)
-        return h["pool"][int(k) * c: (int(k) + 1) * c]
-
     def map_chunks(self, h, chunks) -> None:
         """Chunks of a mapped pool backed (counted) and zeroed."""
         chunks = list(chunks)
         self._take(len(chunks) * h["pmap"].chunk_bytes, "mapped chunks of a stage pool")
         for k in chunks:
-            self._chunk(h, k)[...] = 0
+            _mapped_chunk(h, k)[...] = 0
             h["on"].add(int(k))
 
     def unmap_chunks(self, h, chunks) -> None:
         """Chunks of a mapped pool given back: checked finite, then NaN."""
         chunks = list(chunks)
         for k in chunks:
-            v = self._chunk(h, k)
+            v = _mapped_chunk(h, k)
             if not np.isfinite(v).all():
                 raise GpuEngineError(f"non-finite values in chunk {k} of the front pool")
             v[...] = np.nan
@@ -392,7 +395,7 @@ class NumpyDevice:
         self._take(min(pool.size, CHECK_CHUNK), "the finite check")
         self.held -= min(pool.size, CHECK_CHUNK)
         if "pmap" in h:             # a mapped pool: its chunks mapped now (the others were)
-            ok = all(np.isfinite(self._chunk(h, k)).all() for k in h["on"])
+            ok = all(np.isfinite(_mapped_chunk(h, k)).all() for k in h["on"])
         else:
             ok = _all_finite(pool)
         if not ok:
@@ -990,10 +993,6 @@ class CupyDevice:
             h["range"], h["pmap"], h["flags"] = rng, pool_map, []
         return h
 
-    def _chunk(self, h, k: int):
-        c = int(h["pmap"].chunk)
-        return h["pool"][int(k) * c: min((int(k) + 1) * c, h["pool"].size)]
-
     def map_chunks(self, h, chunks) -> None:
         """Chunks of a mapped pool backed and zeroed on the stage's stream (before
         the launches enqueued after)."""
@@ -1012,7 +1011,7 @@ class CupyDevice:
         check = finite_check(self.dtype)
         chunks = list(chunks)
         for k in chunks:
-            h["flags"].append(check.enqueue(self._chunk(h, k), self.stream))
+            h["flags"].append(check.enqueue(_mapped_chunk(h, k), self.stream))
         for s_ in (self.stream, self.copy_stream):
             ev = cp.cuda.Event(disable_timing=True)
             ev.record(s_)
@@ -1159,7 +1158,7 @@ class CupyDevice:
             e1 = cp.cuda.Event()
             e1.record(stream)
         if "range" in h:            # a mapped pool: its chunks mapped now, and the others'
-            flags = [finite_check(pool.dtype).enqueue(self._chunk(h, k), stream)
+            flags = [finite_check(pool.dtype).enqueue(_mapped_chunk(h, k), stream)
                      for k in sorted(h["range"].handles)] + h["flags"]
         else:
             flags = [finite_check(pool.dtype).enqueue(pool, stream)]   # one launch, no temporary
