@@ -276,9 +276,7 @@ class LURoute:
             why = ("no plan" if planned is None else
                    "the plan factorizes on the GPU" if rank_device != "cpu" else
                    "R's entries not counted" if r_entries is None else
-                   "R too dense for the sparse COD"
-                   if r_entries > RANK_SPARSE_MAX_DENSITY * float(self.order) ** 2
-                   else "")
+                   "R too dense for the sparse COD" if self._too_dense(r_entries) else "")
             if why:
                 self.gap_predicted, self.subspace_predicted = 0, False
                 self.rank_host, self.host_block, self.gap_dropped = False, 0, why
@@ -298,13 +296,18 @@ class LURoute:
             why = "the plan saw no GPU"
         elif self.order - self.gap_predicted < GAP_GPU_MIN_ORDER:
             why = "R11 too small for the GPU's σ test"
-        elif r_entries is not None and \
-                r_entries > RANK_SPARSE_MAX_DENSITY * float(self.order) ** 2:
+        elif r_entries is not None and self._too_dense(r_entries):
             why = "R too dense for the sparse COD"
         else:
             self.rank_host = self._host_sigma_pays(r_entries)
             return
         self.gap_predicted, self.gap_dropped = 0, why
+
+    def _too_dense(self, r_entries: float) -> bool:
+        """R's entries (the analysis' count) fill more than
+        :data:`~scipy_gpuqr._dispatch.rank_cost.RANK_SPARSE_MAX_DENSITY` of its square:
+        lstsq does not try its sparse COD there."""
+        return r_entries > RANK_SPARSE_MAX_DENSITY * float(self.order) ** 2
 
     def _host_sigma_pays(self, r_entries: Optional[float]) -> bool:
         """Whether lstsq would test σ_min(R11) of the predicted gap-checked COD on the
