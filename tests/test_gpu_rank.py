@@ -379,19 +379,27 @@ def test_device_thin_qr_by_cholesky_qr2(monkeypatch, rng):
             assert np.linalg.norm(back - Qh) <= 1e-14 * 10 ** decades
 
 
+def _nullspace_decisions_counting_householder(monkeypatch) -> list:
+    """The null-space COD tried from order 1000 (the dense COD must not be reached)
+    and Householder's thin QR counted: the list each of its calls appends to (empty
+    where every thin QR was CholeskyQR2's)."""
+    from scipy_gpuqr._factor import solve_rank as sr
+    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
+    monkeypatch.setattr(_lstsq, "DenseCOD", None)
+    householder = []
+    real = sr.array_ops.thin_qr
+    monkeypatch.setattr(sr.array_ops, "thin_qr",
+                        lambda *a, **k: householder.append(1) or real(*a, **k))
+    return householder
+
+
 @pytest.mark.parametrize("wide", [False, True])
 def test_nullspace_cod_on_the_device(monkeypatch, rng, wide):
     """A chessboard's dependent columns: rank and minimum-norm solution from a few
     block solves on the device (no dense COD), equal to lstsq's; the thin QRs are
     CholeskyQR2's (no Householder fallback on these blocks)."""
     import cupy
-    from scipy_gpuqr._factor import solve_rank as sr
-    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
-    monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
-    householder = []
-    real = sr.array_ops.thin_qr
-    monkeypatch.setattr(sr.array_ops, "thin_qr",
-                        lambda *a, **k: householder.append(1) or real(*a, **k))
+    householder = _nullspace_decisions_counting_householder(monkeypatch)
     A = chessboard_boundary(5, 7, 3)                      # 4200×2100, rank 1714
     if wide:
         A = sp.csc_array(A.T)
@@ -519,14 +527,8 @@ def test_queued_decision_equals_the_synchronous_steps(monkeypatch, rng, case):
     rank as the synchronous steps (``Qᵀb`` fetched first), x within 1e-10 of theirs
     and within 1e-9 of lstsq's, b's ``Qᵀ`` replayed once, no Householder."""
     import cupy
-    from scipy_gpuqr._factor import solve_rank as sr
     from scipy_gpuqr._testing_matrices import qap_linearization
-    monkeypatch.setattr(_lstsq, "SOLVE_RANK_MIN_ORDER", 1000)
-    monkeypatch.setattr(_lstsq, "DenseCOD", None)        # must not be reached
-    householder = []
-    real = sr.array_ops.thin_qr
-    monkeypatch.setattr(sr.array_ops, "thin_qr",
-                        lambda *a, **k: householder.append(1) or real(*a, **k))
+    householder = _nullspace_decisions_counting_householder(monkeypatch)
     A = (chessboard_boundary(6, 7, 3) if case == "ch6-7-3"       # 12600×4200
          else sp.csc_array(qap_linearization(10).T))             # 4150×1820
     b = rng.standard_normal(A.shape[0])
