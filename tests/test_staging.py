@@ -555,7 +555,9 @@ def test_host_stage_carried_blocks_placed_as_their_stages_end(monkeypatch):
     np.testing.assert_array_equal(placed, copied)
 
     def off_by_one(device, pool, blocks, out):
-        return real(device, pool, [(a + 1, m, w, n, at) for a, m, w, n, at in blocks], out)
+        # one element before (a block may end its pool: one after would pass its end)
+        return real(device, pool, [(a - 1 if a else a + 1, m, w, n, at)
+                                   for a, m, w, n, at in blocks], out)
     monkeypatch.undo()
     monkeypatch.setattr(stage_loop.StageLoop, "place_early", lambda self, st, down: None)
     monkeypatch.setattr(stage_loop, "place_upper", off_by_one)
@@ -1783,8 +1785,8 @@ def test_blocks_for_a_host_stage_placed_with_their_fronts_copies(monkeypatch):
     real = pool_copy._FrontCopy.attach
 
     def off_by_one(self, front_start, block, out):
-        a, m, w, n, at = block
-        return real(self, front_start, (a + 1, m, w, n, at), out)
+        a, m, w, n, at = block      # one element before (one after may pass the pool's end)
+        return real(self, front_start, (a - 1 if a else a + 1, m, w, n, at), out)
     monkeypatch.setattr(pool_copy._FrontCopy, "attach", off_by_one)
     wrong = run().R.toarray()
     assert np.abs(wrong - early[0]).max() > 1e-6 * np.abs(early[0]).max()

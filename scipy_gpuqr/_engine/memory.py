@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -59,7 +59,8 @@ from .dense_front import DEFAULT_PANEL
 __all__ = ["solve_bytes", "USABLE", "POOL_USABLE", "RESERVE", "CHECK_CHUNK", "R_SLOT_BYTES",
            "DENSE_STREAMS", "DeviceMemory", "FrontNeeds", "MemoryPlan", "GpuMemoryExhausted",
            "available_bytes", "largest_block_bytes", "make_room", "vt_elements", "front_needs",
-           "plan_for_memory", "plan_need", "stage_bytes", "min_budget", "min_budget_of_front"]
+           "HOST_CHILDREN_PLACED", "plan_for_memory", "placed_children", "plan_need",
+           "stage_bytes", "min_budget", "min_budget_of_front"]
 
 #: Fraction of the available bytes a plan may use (the pool's rounding and
 #: fragmentation, CuPy's temporaries of small reductions).
@@ -77,6 +78,14 @@ CHECK_CHUNK = 1 << 25
 R_SLOT_BYTES = 32 << 20
 #: Side streams on which dense fronts run at once (:data:`.gpu.device.DENSE_STREAMS`).
 DENSE_STREAMS = 4
+
+#: A contribution block whose parent is a host front is copied from its stage's
+#: pool straight into the host front's pool (strided copies to the host, no
+#: device buffer: :meth:`~.gpu.stage_loop.StageLoop.place_in_host_stages`), so
+#: the plan counts no gather buffer for it (:func:`plan_for_memory`,
+#: :func:`stage_bytes`). False: counted as any leaving block's (the plan
+#: before; for comparison runs).
+HOST_CHILDREN_PLACED = True
 
 
 class GpuMemoryExhausted(MemoryError):
@@ -346,9 +355,12 @@ class MemoryPlan:
 
 def plan_need(analysis, needs: FrontNeeds, plan: StagePlan, host=()) -> tuple:
     """Bytes each stage of ``plan`` allocates by this module's count (0 for a
-    stage whose only front is a host front, in ``host``)."""
+    stage whose only front is a host front, in ``host``; their children's gather
+    buffers not counted, :data:`HOST_CHILDREN_PLACED`)."""
     fs = analysis.fronts
     hs = set(host)
+    if HOST_CHILDREN_PLACED and hs:
+        needs = placed_children(analysis, needs, hs)
     chp, ch = fs.child_ptr.tolist(), fs.children.tolist()
     stage_of = np.zeros(fs.nfronts, dtype=np.int64)
     for sid, (a, b) in enumerate(plan.stages):
@@ -407,7 +419,10 @@ def plan_for_memory(analysis, needs: FrontNeeds, available: int | None,
 
     A front that alone does not fit runs on the host, in a stage of its own,
     when ``host`` and :meth:`FrontNeeds.may_host` allow (:attr:`MemoryPlan.host`);
-    otherwise it makes the plan infeasible.
+    otherwise it makes the plan infeasible. A feasible plan with host fronts is
+    made again without their children's gather buffers
+    (:data:`HOST_CHILDREN_PLACED`, :func:`placed_children`): the same host
+    fronts, and the stages before them hold as many fronts as really fit.
 
     Parameters
     ----------
@@ -423,6 +438,33 @@ def plan_for_memory(analysis, needs: FrontNeeds, available: int | None,
     model = analysis.stage_plan(max_gpu_memory)
     if available is None:
         return MemoryPlan(model, plan_need(analysis, needs, model), None, needs.fixed, ())
+    got = _greedy(analysis, needs, int(available), model, host)
+    if not (HOST_CHILDREN_PLACED and got.host and got.feasible):
+        return got
+    # the host fronts' children leave no gather buffer: the stages before a host
+    # front may hold more fronts. A front is a host front where it alone does not
+    # fit, whatever its children's buffers, so the second pass makes the same
+    # ones (an infeasible plan is left as it is: the caller's choice of dense
+    # fronts reads it)
+    again = _greedy(analysis, placed_children(analysis, needs, got.host), int(available),
+                    model, host)
+    return again if again.host == got.host else got
+
+
+def placed_children(analysis, needs: FrontNeeds, host_fronts) -> FrontNeeds:
+    """``needs`` without the gather buffer (:attr:`FrontNeeds.leaving`) of the
+    fronts whose parent is one of ``host_fronts``: their blocks go from their
+    stage's pool straight into the host front's (:data:`HOST_CHILDREN_PLACED`)."""
+    par = np.asarray(analysis.fronts.parent, dtype=np.int64)
+    kids = np.isin(par, np.asarray(list(host_fronts), dtype=np.int64)) & (par >= 0)
+    if not kids.any():
+        return needs
+    leaving = np.where(kids, 0, needs.leaving).astype(needs.leaving.dtype, copy=False)
+    return replace(needs, leaving=leaving)
+
+
+def _greedy(analysis, needs: FrontNeeds, available: int, model, host: bool) -> MemoryPlan:
+    """:func:`plan_for_memory`'s greedy pass in postorder under ``available``."""
     fs = analysis.fronts
     nf = fs.nfronts
     if nf == 0:
@@ -519,6 +561,7 @@ def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=(),
     no gather index of R's entries for it."""
     fs = analysis.fronts
     hs = set(host)
+    hfronts = [int(sched.stages[sid].fronts[0]) for sid in sorted(hs)]
     mapped = dict(mapped or {})
     out = []
     for sid, st in enumerate(sched.stages):
@@ -529,6 +572,8 @@ def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=(),
         sl = slice(first, last + 1)
         par = fs.parent[sl]
         away = np.flatnonzero((par < 0) | (par > last)) + first
+        if HOST_CHILDREN_PLACED and hfronts:
+            away = away[~np.isin(fs.parent[away], hfronts)]
         work = sorted(needs.dense_work[sl].tolist(), reverse=True)[:DENSE_STREAMS]
         ntasks = int(st.launch_ptr[-1]) if len(st.launch_ptr) else 0
         pool = mapped.get(sid, int(st.pool_size) * int(itemsize))

@@ -76,6 +76,7 @@ from ..._schedule.sparse import build_schedule
 from ..._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE
 from ..dense_front import DenseFront, HostDenseFront
 from ..host.reference import reference_factorize, task_list_input
+from .. import memory as _memory
 from ..memory import (DeviceMemory, GpuMemoryExhausted, front_needs, min_budget,
                       min_budget_of_front, plan_for_memory, solve_bytes, stage_bytes,
                       vt_elements)
@@ -286,7 +287,8 @@ def _needs_nbytes(value) -> int:
 _PLANS = PerPattern(64, 256 << 20, _needs_nbytes)
 
 
-#: Per pattern and ``(planning key, STAGED_DENSE, bytes available)``: a staged
+#: Per pattern and ``(planning key, STAGED_DENSE,``
+#: :data:`~scipy_gpuqr._engine.memory.HOST_CHILDREN_PLACED` ``, bytes available)``: a staged
 #: factorization's ``(dense_flops, dense_extra, needs, plan)`` (:func:`_memory_plan`
 #: then :func:`staged_dense_plan`): the same for every call under the same pool
 #: limit, and tens of milliseconds of host time (a plan over every front, per
@@ -416,7 +418,8 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
     available, limited_by = mem.available, mem.limited_by
     pkey = (dense_flops, tile, bundle, pipelining, np.dtype(dev_dtype).itemsize,
             getattr(device, "dense_panel", 256), max_gpu_memory)
-    staged = _STAGED_PLANS.get(analysis, (pkey, STAGED_DENSE, available))
+    skey = (pkey, STAGED_DENSE, _memory.HOST_CHILDREN_PLACED, available)
+    staged = _STAGED_PLANS.get(analysis, skey)
     if staged is None:
         needs, mplan = _memory_plan(analysis, pkey, lambda: needs_for(dense_flops), available,
                                     max_gpu_memory)
@@ -425,7 +428,7 @@ def gpu_factorize(A, analysis=None, *, tol=None, max_gpu_memory: int | None = No
             panel=getattr(device, "dense_panel", 256), itemsize=np.dtype(dev_dtype).itemsize)
         if available is not None and staged[3].feasible and (
                 staged[3].host or len(staged[3].plan.stages) > 1):
-            _STAGED_PLANS.put(analysis, (pkey, STAGED_DENSE, available), staged)
+            _STAGED_PLANS.put(analysis, skey, staged)
     dense_flops, dense_extra, needs, mplan = staged
     mapped = None
     if (MAP_POOL and available is not None and mplan.feasible and not mplan.host
