@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from _dropin_stand_ins import PlanStandIn, stop_of
 from _native_helpers import needs_compiler
 from conftest import TEST_MATRICES
 from scipy_gpuqr import lsmr, lsqr
@@ -37,25 +38,10 @@ def _state(itn, seconds, test1, test2=1.0, rtol=1e-6, conda=10.0):
     return IterationState(itn, None, 0, 1.0, 1.0, 1.0, conda, 1.0, test1, test2, rtol, seconds)
 
 
-class _Plan:
-    def __init__(self, predicted_flops):
-        class _Analysis:
-            flops = predicted_flops
-        self.analysis, self.backend, self.gpu_name = _Analysis(), "cpu", None
-
-
-def _every(watch, states):
-    """The iteration at which ``watch`` stops a run told each iteration, or None."""
-    for s in states:
-        if watch(s):
-            return s.itn
-    return None
-
-
 def _gated(watch, states):
-    """The same, told as a compiled run tells it: only from ``quiet_until()`` on (and the
-    last iteration), the last WINDOW iterations in between through ``catch_up`` first.
-    Returns (stop, reports)."""
+    """Where ``watch`` stops ``states`` (as :func:`stop_of`), told as a compiled run tells
+    it: only from ``quiet_until()`` on (and the last iteration), the last WINDOW iterations
+    in between through ``catch_up`` first. Returns (stop, reports)."""
     skipped, reports = [], 0
     for k, s in enumerate(states):
         if s.seconds < watch.quiet_until() and k + 1 < len(states):
@@ -80,10 +66,10 @@ def test_allowance_fed_the_gated_way_decides_alike(monkeypatch):
     # the analysis' own seconds (measured, so they differ from run to run) made 0
     monkeypatch.setattr(policy, "time", SimpleNamespace(perf_counter=lambda: 0.0))
     runs = []
-    for feed in (_every, _gated):
+    for feed in (stop_of, _gated):
         plans = []
         watch = Allowance(iter_lim=10 ** 6, atol=1e-6, conlim=1e8, analysis=1e-3,
-                          plan=lambda: plans.append(1) or (None, _Plan(1e9)))
+                          plan=lambda: plans.append(1) or (None, PlanStandIn(1e9)))
         out = feed(watch, _slow_run())
         stop, reports = out if isinstance(out, tuple) else (out, None)
         runs.append((stop, watch.reason, watch.analysed_at, len(plans), reports))
@@ -114,7 +100,7 @@ def test_host_first_moves_at_the_same_iteration(per_iteration, watched):
     """``quiet_until`` is never later than the move: told the gated way, the run moves at
     the iteration it moves at when told each one."""
     moved = []
-    for feed in (_every, _gated):
+    for feed in (stop_of, _gated):
         watch = Allowance(iter_lim=10 ** 6, atol=1e-6, conlim=1e8, analysis=1.0,
                           plan=lambda: None) if watched else None
         first = HostFirst(2e-3, watch, per_iteration=per_iteration, rent=BLOCK_RENT)

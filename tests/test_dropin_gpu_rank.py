@@ -10,22 +10,19 @@ recorded runs are replayed as in ``test_dropin_rule.py``, with the plan's backen
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 import test_dropin_rule as rule
 from scipy_gpuqr._dispatch import rank_cost
 from scipy_gpuqr._dispatch.rank_cost import rank_decision_seconds
-
-
-class _GpuPlan(rule._Plan):
-    def __init__(self, flops, nnz_R=None):
-        super().__init__(flops, nnz_R)
-        self.backend = "gpu"
+from _dropin_stand_ins import PlanStandIn
 
 
 @pytest.fixture
 def gpu_plans(monkeypatch):
-    monkeypatch.setattr(rule, "_Plan", _GpuPlan)
+    monkeypatch.setattr(rule, "PlanStandIn", functools.partial(PlanStandIn, backend="gpu"))
 
 
 def test_a_gpu_rank_decision_is_costed_on_the_device():

@@ -17,6 +17,7 @@ R's 1-norm condition estimate where it could pass only by its estimate's shortfa
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 
@@ -24,18 +25,17 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._dispatch import iterate_first as policy
 from scipy_gpuqr._dispatch import rank_cost
-from scipy_gpuqr._dispatch.iterate_first import Allowance
 from scipy_gpuqr._dispatch.rank_cost import host_sparse_rank_seconds
 from scipy_gpuqr._factor import lstsq as lstsq_module
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.lstsq import KnownNorms, MinNormSolver
 from scipy_gpuqr.io import mmread
-from _dropin_stand_ins import SquareStandIn, dropin_backward_error
+from _dropin_stand_ins import (PlanStandIn, SquareStandIn, answering, dropin_backward_error,
+                               recorded, replay)
 
 #: adder_dcop_05's R: the analysis' count of its entries
 ADDER_R_ENTRIES = 33300
@@ -44,33 +44,21 @@ ADDER_R_ENTRIES = 33300
 CLOCKS = (2e-5, 3e-5, 6e-5, 1.3e-4)
 
 
-class _Plan:
-    def __init__(self, backend="cpu", nnz_R=ADDER_R_ENTRIES, flops=5.58e5):
-        class _Analysis:
-            pass
-        self.analysis = _Analysis()
-        self.analysis.flops, self.analysis.nnz_R = flops, nnz_R
-        self.backend, self.gpu_name = backend, None
+#: adder_dcop_05's plan on the host, R's entries counted
+_Plan = functools.partial(PlanStandIn, 5.58e5, nnz_R=ADDER_R_ENTRIES)
 
 
 def _replay(histories, key, square, dense_gpu=False, plan=None, per=3e-5, sweeps=True):
     """The rule watching a recorded run (``sweeps``: ``host_sweeps``'s answer, None: not
     given); ``(stopped at or None, watch, analyses)``."""
     _, method = key.rsplit(".", 1)
-    m, n, nnz, _, _ = (int(v) for v in histories[key + ".meta"])
-    h = histories[key].astype(np.float64)
-    plans = []
-    watch = Allowance(iter_lim=2 * n if method == "lsqr" else min(m, n), atol=1e-6,
-                      conlim=1e8, analysis=policy.analysis_seconds(m, n, nnz),
-                      plan=lambda: plans.append(1) or (None, plan or _Plan()),
-                      order=min(m, n), speculate=lambda planned: (planned, ""),
-                      square=square if m == n else None, nnz=nnz,
-                      dense_gpu=None if dense_gpu is None else (lambda: dense_gpu),
-                      host_sweeps=None if sweeps is None else (lambda: sweeps))
-    for k, row in enumerate(h, start=1):
-        if watch(_State(k, k * per, *row)):
-            return k, watch, len(plans)
-    return None, watch, len(plans)
+    (m, n, nnz, _, _), h = recorded(histories, key)
+    return replay(h, plan or _Plan(), per=per,
+                  iter_lim=2 * n if method == "lsqr" else min(m, n),
+                  analysis=policy.analysis_seconds(m, n, nnz), order=min(m, n),
+                  speculate=lambda planned: (planned, ""),
+                  square=square if m == n else None, nnz=nnz,
+                  dense_gpu=answering(dense_gpu), host_sweeps=answering(sweeps))
 
 
 @pytest.mark.parametrize("per", CLOCKS)

@@ -18,6 +18,7 @@ subspace on the device, from the LU's checkpoint on).
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -25,7 +26,6 @@ import pytest
 import scipy.sparse as sp
 
 from _native_helpers import needs_compiler
-from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
 from scipy_gpuqr._api.originals import original
 from scipy_gpuqr._dispatch import iterate_first as policy
@@ -37,7 +37,7 @@ from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._iterative import lsqr as our_lsqr
 from scipy_gpuqr._iterative import native as loop_native
 from scipy_gpuqr.io import mmread
-from _dropin_stand_ins import SquareStandIn, dropin_backward_error
+from _dropin_stand_ins import PlanStandIn, SquareStandIn, answering, dropin_backward_error, replay
 
 #: nnc1374's R: the analysis' count of its entries
 NNC_R_ENTRIES = 86700
@@ -49,13 +49,8 @@ CLOCKS = (2e-5, 5e-5, 1.3e-4)
 FAST_SEEDS, SLOW_SEEDS = (2, 10, 12), (7,)
 
 
-class _Plan:
-    def __init__(self, backend="cpu", nnz_R=NNC_R_ENTRIES, flops=5e6, gpu_name=None):
-        class _Analysis:
-            pass
-        self.analysis = _Analysis()
-        self.analysis.flops, self.analysis.nnz_R = flops, nnz_R
-        self.backend, self.gpu_name = backend, gpu_name
+#: nnc1374's plan on the host, R's entries counted
+_Plan = functools.partial(PlanStandIn, 5e6, nnz_R=NNC_R_ENTRIES)
 
 
 def _nnc1374(matrices_dir):
@@ -80,17 +75,10 @@ def runs(matrices_dir):
 
 def _replay(h, square, *, dense_gpu=False, sweeps=True, plan=None, per=2e-5, order=1374):
     """The rule watching a run's readings ``h``; ``(stopped at or None, watch, plans)``."""
-    plans = []
-    watch = Allowance(iter_lim=2 * order, atol=1e-6, conlim=1e8,
-                      analysis=policy.analysis_seconds(order, order, 8606),
-                      plan=lambda: plans.append(1) or (None, plan or _Plan()), order=order,
-                      speculate=lambda planned: (planned, ""), square=square, nnz=8606,
-                      dense_gpu=None if dense_gpu is None else (lambda: dense_gpu),
-                      host_sweeps=None if sweeps is None else (lambda: sweeps))
-    for k, row in enumerate(h, start=1):
-        if watch(_State(k, k * per, *row)):
-            return k, watch, len(plans)
-    return None, watch, len(plans)
+    return replay(h, plan or _Plan(), per=per, iter_lim=2 * order,
+                  analysis=policy.analysis_seconds(order, order, 8606), order=order,
+                  speculate=lambda planned: (planned, ""), square=square, nnz=8606,
+                  dense_gpu=answering(dense_gpu), host_sweeps=answering(sweeps))
 
 
 @pytest.mark.parametrize("per", CLOCKS)

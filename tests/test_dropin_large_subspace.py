@@ -18,6 +18,7 @@ moves; an exactly singular LU (rajat01) keeps its rule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import zlib
 
@@ -25,7 +26,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
 from scipy_gpuqr._api import square_lu as square_lu_module
 from scipy_gpuqr._api.originals import original
@@ -38,16 +38,12 @@ from scipy_gpuqr._dispatch.rank_cost import subspace_seconds
 from scipy_gpuqr._factor import lstsq as lstsq_module
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr.io import mmread
-from _dropin_stand_ins import SquareStandIn, dropin_backward_error
+from _dropin_stand_ins import (PlanStandIn, SquareStandIn, answering, dropin_backward_error,
+                               recorded, replay)
 
 
-class _Plan:
-    def __init__(self, backend, flops=3.34e7, gpu_name="a GPU"):
-        class _Analysis:
-            pass
-        self.analysis = _Analysis()
-        self.analysis.flops, self.analysis.nnz_R = flops, 4.92e5
-        self.backend, self.gpu_name = backend, gpu_name
+#: bayer10's plan, R's entries counted, the analysis having seen a GPU
+_Plan = functools.partial(PlanStandIn, 3.34e7, gpu_name="a GPU", nnz_R=4.92e5)
 
 
 #: Seconds an iteration: bayer10's run in one GPU thread block on the H200 (0.36–0.40 s for
@@ -61,25 +57,19 @@ def _replay(histories, key, *, square=None, dense_gpu=True, takes=True, per=1.3e
     given, today's rule). Returns ``(stopped at or None, watch, plans made, GPU plans
     made, device_subspace's questions)``."""
     name, method = key.rsplit(".", 1)
-    m, n, nnz, _, _ = (int(v) for v in histories[key + ".meta"])
-    h = histories[key].astype(np.float64)
-    plans, gpu_plans, asked = [], [], []
+    (m, n, nnz, _, _), h = recorded(histories, key)
+    gpu_plans, asked = [], []
 
     def device_subspace(order, under):
         asked.append((order, under))
         return takes
-    watch = Allowance(iter_lim=2 * n if method == "lsqr" else min(m, n), atol=1e-6,
-                      conlim=1e8, analysis=policy.analysis_seconds(m, n, nnz),
-                      plan=lambda: plans.append(1) or (None, _Plan("cpu")), order=min(m, n),
-                      square=square if m == n else None, nnz=nnz,
-                      dense_gpu=None if dense_gpu is None else (lambda: dense_gpu),
-                      device_subspace=None if takes is None else device_subspace,
-                      plan_gpu=(lambda: gpu_plans.append(1) or (None, _Plan("gpu")))
-                      if gpu_plan else None)
-    for k, row in enumerate(h, start=1):
-        if watch(_State(k, k * per, *row)):
-            return k, watch, len(plans), len(gpu_plans), asked
-    return None, watch, len(plans), len(gpu_plans), asked
+    stop, watch, plans = replay(
+        h, _Plan("cpu"), per=per, iter_lim=2 * n if method == "lsqr" else min(m, n),
+        analysis=policy.analysis_seconds(m, n, nnz), order=min(m, n),
+        square=square if m == n else None, nnz=nnz, dense_gpu=answering(dense_gpu),
+        device_subspace=None if takes is None else device_subspace,
+        plan_gpu=(lambda: gpu_plans.append(1) or (None, _Plan("gpu"))) if gpu_plan else None)
+    return stop, watch, plans, len(gpu_plans), asked
 
 
 @pytest.mark.parametrize("per", CLOCKS)

@@ -30,6 +30,7 @@ from scipy_gpuqr._dispatch import placement, projection
 from scipy_gpuqr._dispatch.iterate_first import Allowance, zero_tolerances
 from scipy_gpuqr._dispatch.placement import iterate_on_gpu
 from scipy_gpuqr.io import mmread
+from _dropin_stand_ins import PlanStandIn, StateStandIn, stop_of
 
 EPS = np.finfo(np.float64).eps
 SCIPY = {"lsqr": original("lsqr"), "lsmr": original("lsmr")}
@@ -450,55 +451,35 @@ def test_the_log_says_why(decisions):
 # ---------------------------------------------------------------------------
 # the rule itself
 
-class _State:
-    def __init__(self, itn, seconds, test1, test2=1.0, rtol=1e-6, conda=10.0):
-        self.itn, self.seconds, self.test1, self.test2 = itn, seconds, test1, test2
-        self.rtol, self.conda = rtol, conda
-
-
-class _Plan:
-    def __init__(self, predicted_flops):
-        class _Analysis:
-            flops = predicted_flops
-        self.analysis, self.backend, self.gpu_name = _Analysis(), "cpu", None
-
-
-def _feed(watch, states):
-    for s in states:
-        if watch(s):
-            return s.itn
-    return None
-
-
 def test_allowance_stops_at_projected_iteration_limit(monkeypatch):
     """A projection far past iter_lim stops the run (after the analysis, confirmed at two
     checkpoints); one just past it does not while the QR costs more than the
     iterations to iter_lim (LSQR often speeds up late)."""
     monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu: 1e-3)
     # test1/rtol falls by a factor 10 per 100 iterations: about 600 more needed
-    states = [_State(k, 1e-4 * k, 1e-6 * 10 ** (6 - k / 100)) for k in range(1, 100)]
+    states = [StateStandIn(k, 1e-4 * k, 1e-6 * 10 ** (6 - k / 100)) for k in range(1, 100)]
     watch = Allowance(iter_lim=100, atol=1e-6, conlim=1e8, analysis=1e-3,
-                      plan=lambda: (None, _Plan(1e6)))
-    stopped = _feed(watch, states)
+                      plan=lambda: (None, PlanStandIn(1e6)))
+    stopped = stop_of(watch, states)
     assert stopped is not None and stopped >= projection.PROJECTION_WINDOW
     assert "exceed iter_lim 100" in watch.reason
     # about 30 % past iter_lim 500, the QR predicted at 10 s: SciPy's run goes on
     monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu: 10.0)
-    states = [_State(k, 1e-4 * k, 1e-6 * 10 ** (6.5 - k / 100)) for k in range(1, 500)]
+    states = [StateStandIn(k, 1e-4 * k, 1e-6 * 10 ** (6.5 - k / 100)) for k in range(1, 500)]
     watch = Allowance(iter_lim=500, atol=1e-6, conlim=1e8, analysis=1e-3,
-                      plan=lambda: (None, _Plan(1e6)))
-    assert _feed(watch, states) is None
+                      plan=lambda: (None, PlanStandIn(1e6)))
+    assert stop_of(watch, states) is None
 
 
 def test_allowance_defers_the_analysis_then_bounds_the_iterations(monkeypatch):
     plans = []
     monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu: 0.05)
     watch = Allowance(iter_lim=10 ** 6, atol=1e-6, conlim=1e8, analysis=1e-3,
-                      plan=lambda: plans.append(1) or (None, _Plan(1e9)))
+                      plan=lambda: plans.append(1) or (None, PlanStandIn(1e9)))
     deferral = watch.deferral                      # 10 x 1 ms
     # falling slowly, 1 ms per iteration: projected far beyond the deferral
-    states = [_State(k, 1e-3 * k, 10 ** (2 - k / 1000)) for k in range(1, 10 ** 4)]
-    stopped = _feed(watch, states)
+    states = [StateStandIn(k, 1e-3 * k, 10 ** (2 - k / 1000)) for k in range(1, 10 ** 4)]
+    stopped = stop_of(watch, states)
     assert plans == [1] and watch.analysed_at[1] <= deferral + 1e-3
     assert watch.predicted == 0.05 and stopped is not None
     assert "the QR's predicted" in watch.reason
@@ -508,16 +489,16 @@ def test_allowance_lets_a_converging_run_finish_without_analysis():
     watch = Allowance(iter_lim=10 ** 6, atol=1e-6, conlim=1e8, analysis=1.0,
                       plan=lambda: pytest.fail("no analysis needed"))
     # converging fast at 10 µs per iteration: projected well within the deferral
-    states = [_State(k, 1e-5 * k, 10 ** (2 - k / 20)) for k in range(1, 200)]
-    assert _feed(watch, states) is None and watch.predicted is None
+    states = [StateStandIn(k, 1e-5 * k, 10 ** (2 - k / 20)) for k in range(1, 200)]
+    assert stop_of(watch, states) is None and watch.predicted is None
 
 
 def test_allowance_without_room_for_the_qr_lets_scipy_finish():
     def no_room():
         raise MemoryError("needs 26 GB")
     watch = Allowance(iter_lim=10 ** 6, atol=1e-6, conlim=1e8, analysis=1e-3, plan=no_room)
-    states = [_State(k, 1e-3 * k, 10 ** (2 - k / 1e5)) for k in range(1, 3000)]
-    assert _feed(watch, states) is None
+    states = [StateStandIn(k, 1e-3 * k, 10 ** (2 - k / 1e5)) for k in range(1, 3000)]
+    assert stop_of(watch, states) is None
     assert watch.plan_error is not None and "cannot run" in watch.summary()
 
 
@@ -525,14 +506,14 @@ def test_allowance_conlim_projection_is_a_power_law():
     """A condition estimate that levels off (LSQR's usual) is not projected past conlim."""
     watch = Allowance(iter_lim=10 ** 6, atol=1e-6, conlim=1e8, analysis=1.0,
                       plan=lambda: pytest.fail("no analysis needed"))
-    states = [_State(k, 1e-5 * k, 10 ** (2 - k / 100), conda=30.0 * k ** 1.5)
+    states = [StateStandIn(k, 1e-5 * k, 10 ** (2 - k / 100), conda=30.0 * k ** 1.5)
               for k in range(1, 400)]
-    assert _feed(watch, states) is None
+    assert stop_of(watch, states) is None
     watch = Allowance(iter_lim=10 ** 6, atol=1e-6, conlim=1e8, analysis=1.0,
                       plan=lambda: pytest.fail("no analysis needed"))
-    states = [_State(k, 1e-5 * k, 10 ** (2 - k / 1000), conda=10.0 * k ** 4)
+    states = [StateStandIn(k, 1e-5 * k, 10 ** (2 - k / 1000), conda=10.0 * k ** 4)
               for k in range(1, 400)]
-    assert _feed(watch, states) is not None and "conlim" in watch.reason
+    assert stop_of(watch, states) is not None and "conlim" in watch.reason
 
 
 def test_zero_tolerances_rule():

@@ -21,6 +21,7 @@ prediction costs time, not accuracy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -34,7 +35,6 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from conftest import REPO, banded_deficient
-from test_dropin_rule import _State
 from scipy_gpuqr import lsqr
 from scipy_gpuqr._api import square_lu as square_lu_module
 from scipy_gpuqr._api.originals import original
@@ -46,7 +46,8 @@ from scipy_gpuqr._dispatch.rank_cost import gap_check_seconds
 from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.lstsq import lstsq_cutoff
 from scipy_gpuqr.io import mmread
-from _dropin_stand_ins import SquareStandIn, dropin_backward_error
+from _dropin_stand_ins import (PlanStandIn, SquareStandIn, dropin_backward_error, recorded,
+                               replay)
 
 
 def _mtx(matrices_dir, name):
@@ -157,13 +158,8 @@ def test_the_shared_rows(matrices_dir, name, dead, hides):
 # ---------------------------------------------------------------------------
 # the rule
 
-class _Plan:
-    def __init__(self, backend="cpu", gpu_name="a GPU", flops=5.58e5):
-        class _Analysis:
-            pass
-        self.analysis = _Analysis()
-        self.analysis.flops = flops
-        self.backend, self.gpu_name = backend, gpu_name
+#: adder_dcop_05's plan, the analysis having seen a GPU (R's entries not counted)
+_Plan = functools.partial(PlanStandIn, 5.58e5, gpu_name="a GPU")
 
 
 def _replay(histories, key, square, dense_gpu, plan=None, per=3.3e-5, **questions):
@@ -171,23 +167,17 @@ def _replay(histories, key, square, dense_gpu, plan=None, per=3.3e-5, **question
     one-threaded host loop on the H200's host); ``(stopped at or None, watch, analyses,
     dense_gpu's calls)``. ``questions``: the Allowance's other questions (``host_sweeps``,
     ``host_sigma``)."""
-    name, method = key.rsplit(".", 1)
-    m, n, nnz, _, _ = (int(v) for v in histories[key + ".meta"])
-    h = histories[key].astype(np.float64)
-    plans, asked = [], []
+    (m, n, nnz, _, _), h = recorded(histories, key)
+    asked = []
 
     def gpu():
         asked.append(1)
         return dense_gpu
-    watch = Allowance(iter_lim=2 * n, atol=1e-6, conlim=1e8,
-                      analysis=policy.analysis_seconds(m, n, nnz),
-                      plan=lambda: plans.append(1) or (None, plan or _Plan()), order=n,
-                      speculate=lambda planned: (planned, ""), square=square, nnz=nnz,
-                      dense_gpu=None if dense_gpu is None else gpu, **questions)
-    for k, row in enumerate(h, start=1):
-        if watch(_State(k, k * per, *row)):
-            return k, watch, len(plans), len(asked)
-    return None, watch, len(plans), len(asked)
+    stop, watch, plans = replay(h, plan or _Plan(), per=per, iter_lim=2 * n,
+                                analysis=policy.analysis_seconds(m, n, nnz), order=n,
+                                speculate=lambda planned: (planned, ""), square=square, nnz=nnz,
+                                dense_gpu=None if dense_gpu is None else gpu, **questions)
+    return stop, watch, plans, len(asked)
 
 
 def test_a_revealed_split_on_a_gpu_host_stops_at_the_lu(histories, nominal):
@@ -234,7 +224,7 @@ def test_a_hidden_deficiency_on_a_gpu_host_stops_at_the_lu(histories, nominal):
 def test_a_hidden_deficiency_with_a_plan_that_saw_no_gpu_drops_the_prediction(histories,
                                                                                nominal):
     stop, watch, plans, _ = _replay(histories, "nnc1374.lsqr", SquareStandIn(0, hides=True), True,
-                                    plan=_Plan("cpu", None))
+                                    plan=_Plan("cpu", gpu_name=None))
     assert stop is None and plans == 1 and not watch.route.subspace_predicted
     assert "saw no GPU" in watch.summary(), watch.summary()
 
@@ -247,7 +237,7 @@ def test_a_plan_without_the_gpus_sigma_test_drops_the_prediction(histories, nomi
     sparse COD would use) or saw no GPU: the prediction is dropped, the run goes on to SciPy's
     stop as with any deficient LU, and the log says why."""
     stop, watch, plans, _ = _replay(histories, "adder_dcop_05.lsqr", SquareStandIn(25), True,
-                                    plan=_Plan(backend, gpu_name))
+                                    plan=_Plan(backend, gpu_name=gpu_name))
     assert stop is None and plans == 1 and watch.route.gap_predicted == 0
     assert why in watch.summary(), watch.summary()
 

@@ -28,6 +28,7 @@ from scipy_gpuqr._dispatch import projection, rank_cost
 from scipy_gpuqr._dispatch.iterate_first import Allowance, analysis_seconds
 from scipy_gpuqr._dispatch.placement import iteration_flops
 from scipy_gpuqr._dispatch.rank_cost import rank_decision_seconds, rank_risk
+from _dropin_stand_ins import ABSENT, PlanStandIn, StateStandIn, readings, recorded, stop_of
 
 
 #: (analysis flops, seconds of lsqr(backend='cpu')) measured on a 2-core machine
@@ -48,23 +49,10 @@ QR = {"grid16": (2.35e9, 0.571), "Groebner_id2003_aug": (1.83e10, 1.08),
 R_ENTRIES = {"rajat01": 2.57e5, "bayer10": 4.92e5, "grid16": 1.2e6}
 
 
-class _State:
-    __slots__ = ("itn", "seconds", "test1", "test2", "rtol", "conda")
-
-    def __init__(self, itn, seconds, test1, test2, rtol, conda):
-        self.itn, self.seconds = itn, seconds
-        self.test1, self.test2, self.rtol, self.conda = test1, test2, rtol, conda
-
-
-class _Plan:
-    def __init__(self, flops, nnz_R=None):
-        class _Analysis:
-            pass
-        self.analysis = _Analysis()
-        self.analysis.flops = flops
-        if nnz_R is not None:
-            self.analysis.nnz_R = nnz_R
-        self.backend, self.gpu_name = "cpu", None
+def plan_of(name):
+    """The analysis' plan of shared matrix ``name``: its flops (:data:`QR`) and,
+    where counted (:data:`R_ENTRIES`), R's entries."""
+    return PlanStandIn(QR[name][0], nnz_R=R_ENTRIES.get(name, ABSENT))
 
 
 def watch_recording(histories, key, speculate=None):
@@ -74,20 +62,15 @@ def watch_recording(histories, key, speculate=None):
     ``recorded`` (iterations in the recording), SciPy's ``itn`` and ``istop``,
     the QR's ``flops`` and seconds ``qr``."""
     name, method = key.rsplit(".", 1)
-    m, n, nnz, istop, itn = (int(v) for v in histories[key + ".meta"])
-    h = histories[key].astype(np.float64)
+    (m, n, nnz, istop, itn), h = recorded(histories, key)
     per_iteration = 1.5e-5 + iteration_flops(m, n, nnz) / 1e9
     flops, qr = QR[name]
     iter_lim = 2 * n if method == "lsqr" else min(m, n)
     watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8,
                       analysis=analysis_seconds(m, n, nnz),
-                      plan=lambda: (None, _Plan(flops, R_ENTRIES.get(name))),
+                      plan=lambda: (None, plan_of(name)),
                       order=min(m, n), speculate=speculate)
-    stopped = None
-    for k, row in enumerate(h, start=1):
-        if watch(_State(k, k * per_iteration, *row)):
-            stopped = k
-            break
+    stopped = stop_of(watch, readings(h, per_iteration))
     return types.SimpleNamespace(stopped=stopped, watch=watch, per_iteration=per_iteration,
                                  recorded=len(h), itn=itn, istop=istop, flops=flops, qr=qr)
 
@@ -194,11 +177,11 @@ def test_a_pause_of_the_process_does_not_stop_a_converging_run(monkeypatch):
     seconds per iteration come from the run's average, not the window's."""
     monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu=None: 3e-3)
     watch = Allowance(iter_lim=10 ** 4, atol=1e-6, conlim=1e8, analysis=1e-3,
-                      plan=lambda: (None, _Plan(1e6)), order=50)
+                      plan=lambda: (None, PlanStandIn(1e6)), order=50)
     stopped = None
     for k in range(1, 400):
         seconds = 2e-5 * k + (0.05 if k >= 200 else 0.0)
-        state = _State(k, seconds, 10 ** (2 - k / 50), 1.0, 1e-6, 10.0)
+        state = StateStandIn(k, seconds, 10 ** (2 - k / 50), 1.0, 1e-6, 10.0)
         if watch(state):
             stopped = k
             break
@@ -214,10 +197,10 @@ def test_a_projection_past_iter_lim_analyses_early_only_where_it_can_repay(iter_
     16 us each: 56 left, 0.9 ms, against a 1.2 ms analysis; or 186 left, 3 ms)."""
     planned = []
     watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8, analysis=1.2e-3,
-                      plan=lambda: planned.append(1) or (None, _Plan(1e6)), order=62)
+                      plan=lambda: planned.append(1) or (None, PlanStandIn(1e6)), order=62)
     for k in range(1, iter_lim):
         # test2 falls tenfold every 100 iterations: about 540 more projected at 64
-        if watch(_State(k, 1.6e-5 * k, 1.0, 10 ** (-k / 100), 1e-6, 10.0)):
+        if watch(StateStandIn(k, 1.6e-5 * k, 1.0, 10 ** (-k / 100), 1e-6, 10.0)):
             break
         if k == 64:
             assert bool(planned) is analyses, watch.summary()
@@ -232,23 +215,16 @@ CLOCK_MODELS = [(fixed * 1e-6, rate) for rate in (1e9, 2e9)
 def stops_over_clock_models(histories, key):
     """The iteration at which the rule stops the recorded run, per clock model (None: never)."""
     name, method = key.rsplit(".", 1)
-    m, n, nnz, istop, itn = (int(v) for v in histories[key + ".meta"])
-    h = histories[key].astype(np.float64)
-    flops = QR[name][0]
+    (m, n, nnz, _, _), h = recorded(histories, key)
     iter_lim = 2 * n if method == "lsqr" else min(m, n)
     stops = []
     for fixed, rate in CLOCK_MODELS:
         per_iteration = fixed + iteration_flops(m, n, nnz) / rate
         watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8,
                           analysis=analysis_seconds(m, n, nnz),
-                          plan=lambda: (None, _Plan(flops, R_ENTRIES.get(name))),
+                          plan=lambda: (None, plan_of(name)),
                           order=min(m, n))
-        stopped = None
-        for k, row in enumerate(h, start=1):
-            if watch(_State(k, k * per_iteration, *row)):
-                stopped = k
-                break
-        stops.append(stopped)
+        stops.append(stop_of(watch, readings(h, per_iteration)))
     return stops
 
 
@@ -351,7 +327,7 @@ def test_a_promise_breaks_after_twice_its_iterations():
     """A projection at iteration i of f more is broken once the run passes
     PROMISE_SLACK x (i + f) iterations; one kept is not counted."""
     watch = Allowance(iter_lim=10 ** 4, atol=1e-6, conlim=1e8, analysis=1.0,
-                      plan=lambda: (None, _Plan(1e6)), order=100)
+                      plan=lambda: (None, PlanStandIn(1e6)), order=100)
     watch.projector._keep_promises(100, 50)       # promised by 150: broken after 300
     watch.projector._keep_promises(200, 400)      # promised by 600: broken after 1200
     watch.projector._keep_promises(300, None)
@@ -373,12 +349,12 @@ def test_a_power_law_stall_is_stopped_and_a_late_speed_up_is_not(monkeypatch):
 
     def run(test1):
         watch = Allowance(iter_lim=4000, atol=1e-6, conlim=1e12, analysis=1e-3,
-                          plan=lambda: (None, _Plan(1e6)), order=0)
+                          plan=lambda: (None, PlanStandIn(1e6)), order=0)
         for k in range(1, 4000):
             t1 = test1(k)
             if t1 <= 1.0:
                 return None, watch
-            if watch(_State(k, 5e-5 * k, t1 * 1e-6, 1.0, 1e-6, 10.0)):
+            if watch(StateStandIn(k, 5e-5 * k, t1 * 1e-6, 1.0, 1e-6, 10.0)):
                 return k, watch
         return None, watch
 

@@ -28,7 +28,8 @@ from scipy_gpuqr._factor import quick_iterate
 from scipy_gpuqr._factor.quick_iterate import clearly_full_rank
 from scipy_gpuqr.io import mmread
 from conftest import banded_deficient
-from test_dropin_rule import QR, _keys, _Plan, _State, watch_recording
+from test_dropin_rule import QR, _keys, watch_recording
+from _dropin_stand_ins import PlanStandIn, StateStandIn
 
 lsqr_api = importlib.import_module("scipy_gpuqr._api.lsqr")   # the module, not the function
 
@@ -101,10 +102,10 @@ def test_no_speculation_without_rank_risk(monkeypatch):
     """A run whose QR prediction carries no rank work never factorizes ahead."""
     monkeypatch.setattr(policy, "predicted_seconds", lambda backend, flops, gpu=None: 1e-3)
     watch = Allowance(iter_lim=100, atol=1e-6, conlim=1e8, analysis=1e-3,
-                      plan=lambda: (None, _Plan(1e6)), order=0,
+                      plan=lambda: (None, PlanStandIn(1e6)), order=0,
                       speculate=lambda planned: pytest.fail("no speculation"))
     for k in range(1, 100):
-        if watch(_State(k, 1e-4 * k, 1e-6 * 10 ** (6 - k / 100), 1.0, 1e-6, 10.0)):
+        if watch(StateStandIn(k, 1e-4 * k, 1e-6 * 10 ** (6 - k / 100), 1.0, 1e-6, 10.0)):
             break
     assert watch.speculated is None
 

@@ -29,6 +29,7 @@ from scipy_gpuqr._dispatch import placement, rank_cost
 from scipy_gpuqr._dispatch.iterate_first import Allowance, lu_seconds
 from scipy_gpuqr._iterative import native
 from scipy_gpuqr.io import mmread
+from _dropin_stand_ins import PlanStandIn, StateStandIn, readings, recorded, stop_of
 
 EPS = float(np.finfo(np.float64).eps)
 SCIPY = {"lsqr": original("lsqr"), "lsmr": original("lsmr")}
@@ -224,20 +225,9 @@ class _Square:
             self.clear, self.why = False, why
 
 
-class _State:
-    def __init__(self, itn, seconds, test1, test2, rtol=1e-6, conda=10.0):
-        self.itn, self.seconds, self.test1, self.test2 = itn, seconds, test1, test2
-        self.rtol, self.conda = rtol, conda
-
-
 def _watch(square, plans, nnz=10_000):
-    class _Plan:
-        backend, gpu_name = "cpu", None
-
-        class analysis:
-            flops = 1e6
     return Allowance(iter_lim=10_000, atol=1e-6, conlim=1e8, analysis=1e-3,
-                     plan=lambda: plans.append(1) or (None, _Plan()), order=1000,
+                     plan=lambda: plans.append(1) or (None, PlanStandIn(1e6)), order=1000,
                      square=square, nnz=nnz)
 
 
@@ -245,7 +235,7 @@ def _stalling(watch, iterations, per=1e-5):
     """Feed a run whose tests fall slowly (projected far past iter_lim)."""
     for k in range(1, iterations + 1):
         # test2 falls by 1e-4 a decade per iteration: convergence some 20000 iterations on
-        if watch(_State(k, k * per, 1.0, 10 ** (-1e-4 * k))):
+        if watch(StateStandIn(k, k * per, 1.0, 10 ** (-1e-4 * k))):
             return k
     return None
 
@@ -277,7 +267,7 @@ def test_no_lu_while_the_projection_promises_convergence_within_it():
     watch = _watch(square, plans, nnz=100_000)     # LU predicted at 80 ms
     per = 1e-5
     for k in range(1, 3001):     # test2 falls to atol within 3000 iterations (30 ms)
-        assert not watch(_State(k, k * per, 1.0, 10 ** (-2 * k / 3000)))
+        assert not watch(StateStandIn(k, k * per, 1.0, 10 ** (-2 * k / 3000)))
     assert square.calls == 0 and watch.lu_at is None
 
 
@@ -320,23 +310,17 @@ def _converging(watch, iterations, per=2e-5, conda=1e6):
     """Feed a run whose test2 reaches atol at iteration ``iterations`` (linearly in its
     logarithm, from 1); return the iteration the rule stopped at, or None."""
     for k in range(1, iterations + 1):
-        if watch(_State(k, k * per, 1.0, 10 ** (-6.0 * k / iterations), conda=conda)):
+        if watch(StateStandIn(k, k * per, 1.0, 10 ** (-6.0 * k / iterations), conda=conda)):
             return k
     return None
 
 
 def _watch_order(square, plans, order, speculations=None, clear=""):
-    class _Plan:
-        backend, gpu_name = "cpu", None
-
-        class analysis:
-            flops = 1e6
-
     def speculate(planned):
         speculations.append(planned)
         return planned, clear
     return Allowance(iter_lim=2 * order, atol=1e-6, conlim=1e8, analysis=1e-3,
-                     plan=lambda: plans.append(1) or (None, _Plan()), order=order,
+                     plan=lambda: plans.append(1) or (None, PlanStandIn(1e6)), order=order,
                      speculate=None if speculations is None else speculate,
                      square=square, nnz=10_000)
 
@@ -386,15 +370,14 @@ def test_recorded_runs_stop_where_they_did_with_a_deficient_lu(histories, nomina
     """Every recorded run of a square shared matrix, replayed with an LU that is not clear:
     shown deficient or not, the rule stops at the same iteration (analysis at zero time),
     and with the deficiency it never analyses more often nor factorizes ahead."""
-    from test_dropin_rule import QR, R_ENTRIES, _keys, _Plan as _RulePlan
+    from test_dropin_rule import _keys, plan_of
 
     checked = 0
     for key in _keys(histories):
         name, method = key.rsplit(".", 1)
-        m, n, nnz, istop, itn = (int(v) for v in histories[key + ".meta"])
+        (m, n, nnz, _, _), h = recorded(histories, key)
         if m != n:
             continue
-        h = histories[key].astype(np.float64)
         per = 1.5e-5 + placement.iteration_flops(m, n, nnz) / 1e9
         iter_lim = 2 * n if method == "lsqr" else n
         outcome = {}
@@ -406,15 +389,10 @@ def test_recorded_runs_stop_where_they_did_with_a_deficient_lu(histories, nomina
                 return planned, False
             watch = Allowance(iter_lim=iter_lim, atol=1e-6, conlim=1e8,
                               analysis=policy.analysis_seconds(m, n, nnz),
-                              plan=lambda plans=plans: plans.append(1) or
-                              (None, _RulePlan(QR[name][0], R_ENTRIES.get(name))),
+                              plan=lambda plans=plans: plans.append(1) or (None, plan_of(name)),
                               order=n, speculate=speculate,
                               square=_Square(False, deficient), nnz=nnz)
-            stopped = None
-            for k, row in enumerate(h, start=1):
-                if watch(_State(k, k * per, *row)):
-                    stopped = k
-                    break
+            stopped = stop_of(watch, readings(h, per))
             outcome[deficient] = (stopped, len(plans), len(speculations))
         assert outcome[True][0] == outcome[False][0], (key, outcome)
         assert outcome[True][1] <= outcome[False][1] and outcome[True][2] == 0, (key, outcome)
@@ -521,7 +499,7 @@ class _Ahead(_Square):
 def _stalling_noting(watch, square, iterations, per=1e-5):
     for k in range(1, iterations + 1):
         square._now = k * per
-        if watch(_State(k, k * per, 1.0, 10 ** (-1e-4 * k))):
+        if watch(StateStandIn(k, k * per, 1.0, 10 ** (-1e-4 * k))):
             return k
     return None
 
