@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 
-def limited_pool(limit_bytes: int):
-    """CuPy's default pool emptied of cached blocks and limited to what it holds
-    now plus ``limit_bytes``: ``(pool, base)``, ``base`` being the bytes it holds
-    (the caller sets the limit back with ``pool.set_limit(size=0)``)."""
+
+@contextlib.contextmanager
+def pool_limited(limit_bytes: int):
+    """The body run with CuPy's default pool emptied of cached blocks and limited to
+    what it holds now plus ``limit_bytes``; it is given ``(pool, base)``, ``base``
+    being the bytes the pool held.
+
+    On leaving, the limit is set back (``pool.set_limit(size=0)``) whether the body
+    raised or not; where it did not, the pool must hold no more than ``base`` again:
+    what the body made on the device is freed.
+    """
     import cupy as cp
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     base = pool.used_bytes()
     pool.set_limit(size=base + int(limit_bytes))
-    return pool, base
+    try:
+        yield pool, base
+    finally:
+        pool.set_limit(size=0)
+    assert pool.used_bytes() <= base, (pool.used_bytes(), base)

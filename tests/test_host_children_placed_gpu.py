@@ -18,6 +18,7 @@ from scipy_gpuqr._engine import memory
 from scipy_gpuqr._engine.memory import plan_for_memory
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import chessboard_boundary
+from _pool_limit import pool_limited
 
 pytestmark = pytest.mark.gpu
 
@@ -39,22 +40,12 @@ def problem():
     return A, need, b, ref
 
 
-def _limited(limit):
-    import cupy as cp
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    base = pool.used_bytes()
-    pool.set_limit(size=base + int(limit))
-    return pool, base
-
-
 @pytest.mark.parametrize("on", [True, False])
 def test_half_the_memory_host_root_children_placed(problem, on, monkeypatch):
     from scipy_gpuqr._engine.gpu import driver
     monkeypatch.setattr(memory, "HOST_CHILDREN_PLACED", on)
     A, need, b, (R0, z0) = problem
-    pool, base = _limited(need // 2)
-    try:
+    with pool_limited(need // 2):
         an = analyze(A)                                 # a fresh analysis: no plan kept
         g = driver.gpu_factorize(A, an)
         info = g.info
@@ -74,9 +65,6 @@ def test_half_the_memory_host_root_children_placed(problem, on, monkeypatch):
         g.free()
         del g
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base
 
 
 def test_public_call_at_half_answers_as_unlimited(problem):
@@ -85,8 +73,7 @@ def test_public_call_at_half_answers_as_unlimited(problem):
     F0 = QRFactorization(A, backend="gpu")
     x0 = F0.solve(b)
     F0.free()
-    pool, base = _limited(need // 2)
-    try:
+    with pool_limited(need // 2):
         F = QRFactorization(A, backend="gpu")
         x = F.solve(b)
         bi = F.info["backend_info"]
@@ -95,6 +82,3 @@ def test_public_call_at_half_answers_as_unlimited(problem):
         F.free()
         del F
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base

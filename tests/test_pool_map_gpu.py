@@ -19,7 +19,7 @@ import pytest
 from scipy_gpuqr._engine.memory import plan_for_memory
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
-from _pool_limit import limited_pool
+from _pool_limit import pool_limited
 
 pytestmark = pytest.mark.gpu
 
@@ -89,8 +89,7 @@ def test_half_the_memory_runs_one_mapped_stage(problem):
     A, an, need, b, (R0, z0, y0) = problem
     before = _free_device_bytes()
     limit = need // 2
-    pool, base = limited_pool(limit)
-    try:
+    with pool_limited(limit) as (pool, base):
         dev = _device()
         g = driver.gpu_factorize(A, an, device=dev)
         info = g.info
@@ -111,9 +110,6 @@ def test_half_the_memory_runs_one_mapped_stage(problem):
         g.free()
         del g, bc
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base
     assert abs(_free_device_bytes() - before) <= 64 << 20
 
 
@@ -121,8 +117,7 @@ def test_a_quarter_stages_as_before(problem):
     from scipy_gpuqr._engine.gpu import driver
     A, an, need, b, (R0, z0, y0) = problem
     limit = need // 4
-    pool, base = limited_pool(limit)
-    try:
+    with pool_limited(limit):
         g = driver.gpu_factorize(A, an, device=_device())
         assert g.info["pool_map"] is None and g.info["memory"]["pool_map"] is None
         if g.info["backend"] == "gpu":
@@ -133,9 +128,6 @@ def test_a_quarter_stages_as_before(problem):
         g.free()
         del g
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base
 
 
 def test_public_call_at_half_answers_as_unlimited(problem):
@@ -147,8 +139,7 @@ def test_public_call_at_half_answers_as_unlimited(problem):
     F0 = QRFactorization(A, backend="gpu")
     x0 = F0.solve(b)
     F0.free()
-    pool, base = limited_pool(need // 2)
-    try:
+    with pool_limited(need // 2):
         F = QRFactorization(A, backend="gpu")
         x = F.solve(b)
         assert F.info["backend"] == "gpu"
@@ -156,6 +147,3 @@ def test_public_call_at_half_answers_as_unlimited(problem):
         F.free()
         del F
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base

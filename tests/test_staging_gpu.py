@@ -24,7 +24,7 @@ from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, dense_front_mask
 from scipy_gpuqr._schedule.tasks import DEFAULT_APPLY_GRANULE, DEFAULT_BUNDLE, DEFAULT_TILE
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
-from _pool_limit import limited_pool
+from _pool_limit import pool_limited
 
 pytestmark = pytest.mark.gpu
 
@@ -62,8 +62,7 @@ def test_pool_limit_stages_or_falls_back_truthfully(problem, frac):
     A, b, an, needs, need, x0 = problem
     limit = need // frac
     fits = plan_for_memory(an, needs, int(POOL_USABLE * limit)).feasible
-    pool, base = limited_pool(limit)
-    try:
+    with pool_limited(limit):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             F = QRFactorization(A, backend="gpu")
@@ -84,9 +83,6 @@ def test_pool_limit_stages_or_falls_back_truthfully(problem, frac):
         F.free()
         del F
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base, (pool.used_bytes(), base)
     if frac == 2:
         assert fits, (need, min_budget(an, needs))
 
@@ -108,8 +104,7 @@ def test_out_of_memory_mid_run_restages_without_leaking(problem, monkeypatch):
             return DeviceMemory(4 * m.available, m.limited_by, m.detail)
         return m
     monkeypatch.setattr(driver, "_device_memory", lying)
-    pool, base = limited_pool(limit)
-    try:
+    with pool_limited(limit):
         g = driver.gpu_factorize(A, an)
         assert g.info["backend"] == "gpu" and g.info["restaged"] >= 1
         assert g.info["memory"]["out_of_memory"]
@@ -117,9 +112,6 @@ def test_out_of_memory_mid_run_restages_without_leaking(problem, monkeypatch):
         g.free()
         del g
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base
     # the process stays usable: an unlimited run answers the same
     monkeypatch.setattr(driver, "_device_memory", real)
     h = driver.gpu_factorize(A, an)
@@ -181,8 +173,7 @@ def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, 
     mp = plan_for_memory(an, needs, int(POOL_USABLE * limit))
     assert mp.feasible and root in mp.host
     m, n = A.shape
-    pool, base = limited_pool(limit)
-    try:
+    with pool_limited(limit):
         with warnings.catch_warnings():
             warnings.simplefilter("error", GpuFallbackWarning)
             g = gpu_factorize(A, an, dense_flops=_HOST_FLOPS)
@@ -240,9 +231,6 @@ def test_root_front_too_large_for_the_pool_runs_on_the_host(host_problem, frac, 
         F.free()
         del F
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base, (pool.used_bytes(), base)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -407,8 +395,7 @@ def test_prefetched_replay_equals_one_upload_at_a_time(problem, share, dense_flo
         need = plan_for_memory(an, front_needs(an, 8, tile=DEFAULT_TILE, vt_elems=vt,
                                                dense=dense), None).peak
     B = np.cos(np.arange(A.shape[0] * 3, dtype=np.float64)).reshape(-1, 3)
-    pool, base = limited_pool(need * share[0] // share[1])      # 5 to 7 stages
-    try:
+    with pool_limited(need * share[0] // share[1]):      # 5 to 7 stages
         g = driver.gpu_factorize(A, an, dense_flops=dense_flops)
         assert g.info["backend"] == "gpu" and g.info["stages"] > 2
         assert (g.info["dense_fronts"] > 0) == (dense_flops != DEFAULT_DENSE_FLOPS)
@@ -424,9 +411,6 @@ def test_prefetched_replay_equals_one_upload_at_a_time(problem, share, dense_flo
         g.free()
         del g
         gc.collect()
-    finally:
-        pool.set_limit(size=0)
-    assert pool.used_bytes() <= base, (pool.used_bytes(), base)
 
 
 def test_first_stage_sent_up_as_the_factorization_ends(problem, monkeypatch):
@@ -566,9 +550,8 @@ def test_staged_decision_solves_its_first_block_beside_qtb(monkeypatch):
     sides = []
     real = sr._side_stream
     monkeypatch.setattr(sr, "_side_stream", lambda cp_: sides.append(real(cp_)) or sides[-1])
-    pool, base = limited_pool(need // 2)
     xs = {}
-    try:
+    with pool_limited(need // 2) as (pool, _):
         for beside in (True, False, True):
             monkeypatch.setattr(solve, "STAGED_BESIDE", beside)
             before = len(sides)
@@ -584,8 +567,5 @@ def test_staged_decision_solves_its_first_block_beside_qtb(monkeypatch):
             F.free()
             del F, solver
             gc.collect()
-    finally:
-        pool.set_limit(size=0)
     assert np.linalg.norm(xs[True] - xs[False]) <= 1e-10 * np.linalg.norm(xs[False])
     pool.free_all_blocks()
-    assert pool.used_bytes() <= base, (pool.used_bytes(), base)
