@@ -108,6 +108,8 @@ def test_no_worker_on_two_cores_a_square_a_or_a_run_that_converges_early(cores, 
 @pytest.mark.parametrize("name,method", [("lp_share1b", "lsmr"), ("lp_e226", "lsmr"),
                                          ("lp_e226_transposed", "lsmr"), ("lp_share1b", "lsqr")])
 def test_the_answer_made_ahead_is_the_same_bits(cores, started, monkeypatch, name, method):
+    """The worker makes the whole answer where it ends before the caller waits for it
+    (held here until it has: its thread joined first)."""
     A = _mtx(name)
     b = _b(A)
     cores(1)
@@ -116,15 +118,110 @@ def test_the_answer_made_ahead_is_the_same_bits(cores, started, monkeypatch, nam
     made = []
     import scipy_gpuqr._api.lsqr as lsqr_api
     real = lsqr_api.solve_least_squares
+    real_result = QRAhead.result
 
     def on_this_thread(*args, **kw):        # the caller's thread makes no QR of its own
         made.append(threading.current_thread())
         return real(*args, **kw)
+
+    def joined_first(self):
+        self._thread.join(30)
+        return real_result(self)
     monkeypatch.setattr(lsqr_api, "solve_least_squares", on_this_thread)
+    monkeypatch.setattr(QRAhead, "result", joined_first)
     with_worker = OURS[method](A, b)
     assert len(started) == 1 and not made
+    assert started[0].result().what == "the QR made"
     assert without[2] == with_worker[2] == 0        # the QR answered, both times
     assert _bits(with_worker) == _bits(without)
+
+
+def _held_in(monkeypatch, step):
+    """Hold the worker in ``step`` ('start', 'plan' or 'factors') until the caller waits
+    for it (:meth:`QRAhead.result`, which waits for the worker to reach the step first);
+    returns the list of threads that made the answer."""
+    reached, entered = threading.Event(), threading.Event()
+    real_result = QRAhead.result
+
+    def result(self):
+        assert reached.wait(30)
+        self._waited = True             # what result() says first, seen by the held step
+        entered.set()
+        return real_result(self)
+    monkeypatch.setattr(QRAhead, "result", result)
+
+    def held(real):
+        def step(*args, **kw):
+            reached.set()
+            out = real(*args, **kw)
+            assert entered.wait(30)
+            return out
+        return step
+    if step == "start":
+        monkeypatch.setattr(qr_ahead, "start_problem", held(qr_ahead.start_problem))
+    elif step == "plan":
+        monkeypatch.setattr(qr_ahead, "plan_for", held(qr_ahead.plan_for))
+    else:
+        from scipy_gpuqr._dispatch.plan import Plan
+        monkeypatch.setattr(Plan, "with_factors", held(Plan.with_factors))
+    import scipy_gpuqr._api.lsqr as lsqr_api
+    answered = []
+    real = lsqr_api.solve_least_squares
+
+    def on_this_thread(*args, **kw):
+        answered.append(threading.current_thread())
+        return real(*args, **kw)
+    monkeypatch.setattr(lsqr_api, "solve_least_squares", on_this_thread)
+    return answered
+
+
+@pytest.mark.parametrize("step,what", [("start", ""), ("plan", "the QR planned"),
+                                       ("factors", "the QR factorized")])
+@pytest.mark.parametrize("name,method", [("lp_e226", "lsmr"), ("lp_share1b", "lsqr")])
+def test_a_caller_that_waits_makes_the_rest_the_same_bits(cores, started, monkeypatch, caplog,
+                                                          step, what, name, method):
+    """Where the run stalls before the worker is done, the worker stops after its step and
+    the caller's thread makes the rest from what it made: the same bits, the log saying
+    what the worker made."""
+    A = _mtx(name)
+    b = _b(A)
+    cores(1)
+    without = OURS[method](A, b)
+    cores(16)
+    answered = _held_in(monkeypatch, step)
+    with caplog.at_level("INFO", logger="scipy_gpuqr"):
+        with_worker = OURS[method](A, b)
+    assert len(started) == 1
+    made = started[0].result()
+    assert made.answer is None and made.what == what
+    assert (made.planned is None) == (step == "start")
+    assert answered == [threading.main_thread()]
+    assert _bits(with_worker) == _bits(without)
+    line = [r.getMessage() for r in caplog.records if "answered" in r.getMessage()][-1]
+    worker = f"; {what} on a worker beside the run, its answer made here"
+    assert line.endswith(worker) if what else "on a worker" not in line
+
+
+def test_the_worker_begins_once_the_caller_has_gone_back_to_the_run(cores, started,
+                                                                    monkeypatch):
+    """The worker's first step waits for :meth:`QRAhead.start` to return, so the run does
+    not wait for the interpreter's lock while the worker's first steps run."""
+    cores(16)
+    returned, seen = threading.Event(), []
+    real_start, real_first = QRAhead.start, qr_ahead.start_problem
+
+    def start(self):
+        real_start(self)
+        returned.set()
+
+    def first(problem):
+        seen.append(returned.is_set())
+        return real_first(problem)
+    monkeypatch.setattr(QRAhead, "start", start)
+    monkeypatch.setattr(qr_ahead, "start_problem", first)
+    A = _mtx("lp_e226")
+    lsmr(A, _b(A))
+    assert seen == [True]
 
 
 def test_lsqr_with_calc_var_made_ahead_is_the_same_bits(cores, started):
@@ -178,7 +275,7 @@ def test_an_error_on_the_worker_is_raised_by_the_call(cores, started, monkeypatc
 
     def fails(*args, **kw):
         raise RuntimeError("the worker's QR failed")
-    monkeypatch.setattr(qr_ahead, "solve_least_squares", fails)
+    monkeypatch.setattr(qr_ahead, "start_problem", fails)     # its first step, always made
     A = _mtx("lp_share1b")
     with pytest.raises(RuntimeError, match="worker's QR failed"):
         lsmr(A, _b(A))
@@ -197,8 +294,10 @@ def test_a_plan_on_the_gpu_goes_back_to_the_callers_thread(monkeypatch):
     ahead = QRAhead(lambda: problem, settings=None, iter_lim=40)
     assert ahead.result() is None           # never started: the caller makes the answer
     ahead(SimpleNamespace(itn=ahead.at_itn, istop=0))
+    ahead._thread.join(30)                  # the worker ends before the caller waits
     made = ahead.result()
     assert made.begin is begin and made.answer is None and made.planned is gpu_plan
+    assert made.what == "the QR planned"
 
 
 def test_the_worker_never_starts_at_the_stopping_iteration_or_before_the_share():
@@ -249,7 +348,8 @@ def test_the_compiled_loops_report_nothing_before_first_report(monkeypatch):
 def test_on_a_gpu_host_the_lp_rows_qr_is_planned_on_the_host_and_made_ahead(cores, started,
                                                                              name):
     """With a GPU present the plan still gives these small QRs the CPU: the worker makes
-    the answer (none handed back), the same bits as without it."""
+    the answer, or the caller's thread the rest of it from the worker's host plan, the
+    same bits as without it."""
     A = _mtx(name)
     b = _b(A)
     cores(1)
@@ -258,5 +358,5 @@ def test_on_a_gpu_host_the_lp_rows_qr_is_planned_on_the_host_and_made_ahead(core
     with_worker = lsmr(A, b)
     assert len(started) == 1
     made = started[0].result()
-    assert made.answer is not None and made.planned[1].backend == "cpu"
+    assert made.planned is None or made.planned[1].backend == "cpu"
     assert _bits(with_worker) == _bits(without)

@@ -179,21 +179,25 @@ def _exact(problem, begin, square: Optional[SquareLU], *, calc_var, settings, pl
            made=None):
     """The exact answer of a non-trivial problem and who gave it: SuperLU's where
     ``square`` may answer (:mod:`scipy_gpuqr._api.square_lu`), else the sparse QR's
-    (``made``'s where a worker made it beside the run: :mod:`scipy_gpuqr._factor.qr_ahead`).
-    The LU's outcome, when it did not answer, is added to ``why``'s text."""
+    (``made``'s where a worker made it beside the run: :mod:`scipy_gpuqr._factor.qr_ahead`;
+    made here from the worker's plan or factors where it stopped before the answer).
+    The LU's outcome, when it did not answer, and what the worker made, where it did
+    not make the answer, are added to ``why``'s text."""
     if square is not None:
         ans = square.answer(begin, problem.host_x0())
         if ans is not None:
             return ans, f"SuperLU on CPU (A square, {square.why})", ""
     if made is not None and made.answer is not None:
-        return made.answer, _qr_who(made.answer), "; the QR made on a worker beside the run"
+        return made.answer, _qr_who(made.answer), f"; {made.what} on a worker beside the run"
+    worker = ""
     if made is not None and made.planned is not None:
         planned = made.planned
+        worker = f"; {made.what} on a worker beside the run, its answer made here"
     ans = solve_least_squares(problem, begin, calc_var=calc_var, settings=settings,
                               planned=planned,
                               known=None if square is None else square.known_norms())
     note = "" if square is None else f"; the LU did not answer: {square.why}"
-    return ans, _qr_who(ans), note
+    return ans, _qr_who(ans), note + worker
 
 
 def _made(quick):

@@ -19,12 +19,28 @@ then costs about the longer of the run and the QR, not their sum.
 
 SciPy's run is not touched: it runs in the compiled loops, which release the
 interpreter's lock, and the worker's SuiteSparseQR calls (cffi) release it as
-well. A run that converges cancels the worker (:meth:`QRAhead.cancel`: it stops
-at its next step) and returns without waiting for it; what it may wait for is
-the interpreter's lock, while the worker runs Python between its C calls (a
-fraction of a millisecond on these problems). Runs that converge before the
-share start no thread, and the compiled loops report nothing before it
-(:meth:`QRAhead.first_report`).
+well. The worker's first step waits until the caller's thread has started it
+and is on its way back to the run (:meth:`QRAhead.start`): a worker that ran
+at once would hold the interpreter's lock through its first steps (the start
+and the plan, Python between few C calls) while the run waited for it to take
+up its iterations again. A run that converges cancels the worker
+(:meth:`QRAhead.cancel`: it stops at its next step) and returns without
+waiting for it; what it may wait for is the interpreter's lock, while the
+worker runs Python between its C calls (a fraction of a millisecond on these
+problems). Runs that converge before the share start no thread, and the
+compiled loops report nothing before it (:meth:`QRAhead.first_report`).
+
+A stalled run's caller that finds the worker still busy does not wait for all
+of its work: :meth:`QRAhead.result` asks it to stop at its next step (after the
+start, the plan or the factorization) and the caller's thread makes the rest
+from there, with the same calls on the same operands (the factors handed on
+in the plan, :meth:`~scipy_gpuqr._dispatch.plan.Plan.with_factors`, as
+:func:`~scipy_gpuqr._factor.quick_iterate.speculate` hands them). The caller's
+thread is the faster one for that rest: the steps allocate their large arrays
+afresh on every call (R made dense, SuiteSparseQR's workspace), and glibc
+serves a thread other than the process' first from an arena of its own, where
+they land on pages faulted in again on each call, while the caller's thread
+reuses its own.
 
 The worker runs only where it cannot change the bits of anything else, and
 where it may pay (:func:`qr_ahead_fits`):
@@ -100,9 +116,12 @@ class Made(NamedTuple):
     """What the worker made: the caller's thread goes on from it after a stall."""
 
     begin: LstsqStart                   # start_problem's answer
-    answer: Optional[LstsqAnswer]       # the QR's answer; None where begin is trivial or the
-                                        # plan is the GPU's
-    planned: Optional[tuple]            # (M, Plan) where the worker planned
+    answer: Optional[LstsqAnswer]       # the QR's answer; None where begin is trivial, the
+                                        # plan is the GPU's, or the worker stopped before it
+    planned: Optional[tuple]            # (M, Plan) where the worker planned (the Plan with
+                                        # M's factors where it factorized)
+    what: str = ""                      # what it made, for the decision log ('' for the start
+                                        # alone)
 
 
 class QRAhead:
@@ -130,7 +149,9 @@ class QRAhead:
         self.at_itn = max(1, math.ceil(QR_AHEAD_SHARE * int(iter_lim)))
         self._thread: Optional[threading.Thread] = None
         self._done = threading.Event()
+        self._go = threading.Event()
         self._cancelled = False
+        self._waited = False
         self._made: Optional[Made] = None
         self._error: Optional[BaseException] = None
 
@@ -164,43 +185,61 @@ class QRAhead:
 
     def start(self) -> None:
         """Start the worker (once). The checked problem is made here, on the caller's
-        thread, so that the worker and the caller never both make it."""
+        thread, so that the worker and the caller never both make it. The worker's
+        first step waits until this has returned: the run goes on at once, not after
+        the worker's first steps (Python, which hold the interpreter's lock)."""
         if self._thread is not None or self._cancelled:
             return
         problem = self._problem()
         self._thread = threading.Thread(target=self._work, args=(problem,), daemon=True,
                                         name="scipy_gpuqr-qr-ahead")
         self._thread.start()
+        self._go.set()
 
     def cancel(self) -> None:
         """SciPy's answer stands: the worker stops at its next step. Never waits."""
         self._cancelled = True
 
     def result(self) -> Optional[Made]:
-        """What the worker made (waiting for it), or None where it never started (the
+        """What the worker made (waiting for it to end the step it is in: it stops
+        there, and the caller makes the rest), or None where it never started (the
         caller makes the answer itself); raises what the worker raised."""
         if self._thread is None:
             return None
+        self._waited = True
         self._done.wait()
         if self._error is not None:
             raise self._error
         return self._made
 
+    def _stops(self) -> bool:
+        """Whether the worker stops before its next step: the run converged, or the
+        caller waits and makes the rest itself."""
+        return self._cancelled or self._waited
+
     def _work(self, problem) -> None:
         begin = planned = None
+        what = ""
+        self._go.wait()
         try:
             begin = start_problem(problem)
-            if begin.trivial or self._cancelled:
+            if begin.trivial or self._stops():
                 return
             planned = plan_for(problem.qr_matrix(), self._settings)
-            if planned[1].backend not in _HOST_BACKENDS or self._cancelled:
+            what = "the QR planned"
+            if planned[1].backend not in _HOST_BACKENDS or self._stops():
+                return
+            M, plan = planned
+            planned = (M, plan.with_factors(M, plan.factorize(M, tol=None)))
+            what = "the QR factorized"
+            if self._stops():
                 return
             answer = solve_least_squares(problem, begin, calc_var=self._calc_var,
                                          settings=self._settings, planned=planned)
-            self._made = Made(begin, answer, planned)
+            self._made = Made(begin, answer, planned, "the QR made")
         except BaseException as exc:     # noqa: BLE001 - raised again by result()
             self._error = exc
         finally:
             if self._made is None and begin is not None:
-                self._made = Made(begin, None, planned)
+                self._made = Made(begin, None, planned, what)
             self._done.set()
