@@ -25,3 +25,23 @@ def pool_limited(limit_bytes: int):
     finally:
         pool.set_limit(size=0)
     assert pool.used_bytes() <= base, (pool.used_bytes(), base)
+
+
+def solve_unlimited_then_limited(A, b, limit_bytes: int):
+    """``QRFactorization(A, backend='gpu').solve(b)`` without a limit, then under
+    :func:`pool_limited` ``(limit_bytes)`` (the pool as found afterwards):
+    ``(x0, x, info)``, ``info`` the limited call's ``QRFactorization.info``."""
+    import gc
+
+    from scipy_gpuqr import QRFactorization
+    F0 = QRFactorization(A, backend="gpu")
+    x0 = F0.solve(b)
+    F0.free()
+    with pool_limited(limit_bytes):
+        F = QRFactorization(A, backend="gpu")
+        x = F.solve(b)
+        info = F.info
+        F.free()
+        del F
+        gc.collect()
+    return x0, x, info

@@ -18,7 +18,7 @@ from scipy_gpuqr._engine import memory
 from scipy_gpuqr._engine.memory import plan_for_memory
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import chessboard_boundary
-from _pool_limit import pool_limited
+from _pool_limit import pool_limited, solve_unlimited_then_limited
 
 pytestmark = pytest.mark.gpu
 
@@ -68,17 +68,8 @@ def test_half_the_memory_host_root_children_placed(problem, on, monkeypatch):
 
 
 def test_public_call_at_half_answers_as_unlimited(problem):
-    from scipy_gpuqr import QRFactorization
     A, need, b, _ = problem
-    F0 = QRFactorization(A, backend="gpu")
-    x0 = F0.solve(b)
-    F0.free()
-    with pool_limited(need // 2):
-        F = QRFactorization(A, backend="gpu")
-        x = F.solve(b)
-        bi = F.info["backend_info"]
-        assert F.info["backend"] == "gpu" and bi["stages"] == 2 and bi["host_fronts"]
-        np.testing.assert_allclose(x, x0, rtol=0, atol=1e-9 * np.linalg.norm(x0))
-        F.free()
-        del F
-        gc.collect()
+    x0, x, info = solve_unlimited_then_limited(A, b, need // 2)
+    bi = info["backend_info"]
+    assert info["backend"] == "gpu" and bi["stages"] == 2 and bi["host_fronts"]
+    np.testing.assert_allclose(x, x0, rtol=0, atol=1e-9 * np.linalg.norm(x0))

@@ -19,7 +19,7 @@ import pytest
 from scipy_gpuqr._engine.memory import plan_for_memory
 from scipy_gpuqr._symbolic import analyze
 from scipy_gpuqr._testing_matrices import grid3d_least_squares
-from _pool_limit import pool_limited
+from _pool_limit import pool_limited, solve_unlimited_then_limited
 
 pytestmark = pytest.mark.gpu
 
@@ -134,16 +134,7 @@ def test_public_call_at_half_answers_as_unlimited(problem):
     """``QRFactorization(A, backend='gpu')`` at half the need with the default
     chunks (not mapped here: grid 30³'s pool is too small for them) answers as
     the unlimited run, the pool as found."""
-    from scipy_gpuqr import QRFactorization
     A, an, need, b, (R0, z0, y0) = problem
-    F0 = QRFactorization(A, backend="gpu")
-    x0 = F0.solve(b)
-    F0.free()
-    with pool_limited(need // 2):
-        F = QRFactorization(A, backend="gpu")
-        x = F.solve(b)
-        assert F.info["backend"] == "gpu"
-        np.testing.assert_allclose(x, x0, rtol=0, atol=1e-9 * np.linalg.norm(x0))
-        F.free()
-        del F
-        gc.collect()
+    x0, x, info = solve_unlimited_then_limited(A, b, need // 2)
+    assert info["backend"] == "gpu"
+    np.testing.assert_allclose(x, x0, rtol=0, atol=1e-9 * np.linalg.norm(x0))
