@@ -22,7 +22,7 @@ from _native_helpers import needs_compiler
 from conftest import TEST_MATRICES
 from scipy_gpuqr import lsmr, lsqr
 from scipy_gpuqr._api.originals import original
-from scipy_gpuqr._factor import qr_ahead
+from scipy_gpuqr._factor import dense_least_squares, qr_ahead
 from scipy_gpuqr._factor.qr_ahead import (QR_AHEAD_MAX_LENGTH, QR_AHEAD_MIN_CPUS,
                                           QR_AHEAD_SHARE, QRAhead, qr_ahead_fits)
 from scipy_gpuqr._iterative import native
@@ -31,6 +31,8 @@ from scipy_gpuqr._iterative.host import HostProblem, lsmr_host
 from scipy_gpuqr.io import mmread
 
 OURS = {"lsqr": lsqr, "lsmr": lsmr}
+#: The dense answer's gate as shipped (the fixture below turns it off).
+DENSE_GATE = dense_least_squares.DENSE_ANSWER_MAX_FLOPS
 
 
 def _mtx(name):
@@ -43,6 +45,15 @@ def _b(A, seed=7):
 
 def _bits(out):
     return [out[0].tobytes()] + [np.float64(v).tobytes() for v in out[1:]]
+
+
+@pytest.fixture(autouse=True)
+def no_dense_answer(monkeypatch):
+    """The worker's mechanics on these small matrices: their dense answer
+    (:mod:`~scipy_gpuqr._factor.dense_least_squares`, which makes a tiny problem's
+    answer on the caller's thread with no worker) turned off, except where a test
+    turns it back on."""
+    monkeypatch.setattr(dense_least_squares, "DENSE_ANSWER_MAX_FLOPS", 0.0)
 
 
 @pytest.fixture
@@ -78,6 +89,25 @@ def test_the_gate_needs_cores_short_vectors_a_small_qr_and_a_run_worth_hiding(co
     assert not qr_ahead_fits((3000, 2000), 10 ** 4, 2000)                # a QR that may be dear
     assert not qr_ahead_fits((m, n), A.nnz, 3)                           # a run of nothing
     assert not qr_ahead_fits((0, 5), 0, 10)
+
+
+def test_a_problem_the_dense_answer_takes_starts_no_worker(cores, started, monkeypatch, caplog):
+    """Within the dense answer's gate the caller's thread answers after the stall, with
+    no worker: lp_share1b's LSMR (117 × 253) stalls at its limit and is answered densely,
+    as ``backend='cpu'``'s sparse QR answers to rounding."""
+    monkeypatch.setattr(dense_least_squares, "DENSE_ANSWER_MAX_FLOPS", DENSE_GATE)
+    cores(64)
+    A = _mtx("lp_share1b")
+    b = _b(A)
+    assert dense_least_squares.dense_qr_small(A.shape)
+    assert not qr_ahead_fits(A.shape, A.nnz, min(A.shape))
+    with caplog.at_level("INFO", logger="scipy_gpuqr"):
+        auto = lsmr(A, b)
+    assert not started
+    assert "dense QR on CPU (LAPACK" in caplog.text and "worker" not in caplog.text
+    cpu = lsmr(A, b, backend="cpu")
+    assert np.linalg.norm(auto[0] - cpu[0]) <= 1e-10 * np.linalg.norm(cpu[0])
+    assert auto[1:3] == cpu[1:3]
 
 
 @pytest.mark.parametrize("name,method", [("lp_share1b", "lsmr"), ("lp_e226_transposed", "lsmr")])

@@ -34,6 +34,7 @@ import scipy.sparse as sp
 from .._factor.least_squares import (StoppingRules, check_problem, iterate, log_answer,
                                      solve_least_squares, start_problem, trivial_answer,
                                      vector_norm)
+from .._factor.dense_least_squares import dense_answer, dense_answer_fits
 from .._factor.quick_iterate import quick_iterate
 from .._iterative._common import stopping_code
 from .._options import resolve_settings
@@ -180,7 +181,9 @@ def _exact(problem, begin, square: Optional[SquareLU], *, calc_var, settings, pl
     """The exact answer of a non-trivial problem and who gave it: SuperLU's where
     ``square`` may answer (:mod:`scipy_gpuqr._api.square_lu`), else the sparse QR's
     (``made``'s where a worker made it beside the run: :mod:`scipy_gpuqr._factor.qr_ahead`;
-    made here from the worker's plan or factors where it stopped before the answer).
+    made here from the worker's plan or factors where it stopped before the answer),
+    or for a tiny problem of ``auto`` the same answer by LAPACK on a dense copy
+    (:mod:`scipy_gpuqr._factor.dense_least_squares`: made here, no worker started for it).
     The LU's outcome, when it did not answer, and what the worker made, where it did
     not make the answer, are added to ``why``'s text."""
     if square is not None:
@@ -193,10 +196,13 @@ def _exact(problem, begin, square: Optional[SquareLU], *, calc_var, settings, pl
     if made is not None and made.planned is not None:
         planned = made.planned
         worker = f"; {made.what} on a worker beside the run, its answer made here"
+    note = "" if square is None else f"; the LU did not answer: {square.why}"
+    if dense_answer_fits(problem, settings, planned):
+        ans = dense_answer(problem, begin, calc_var=calc_var)
+        return ans, ans.who, note + worker
     ans = solve_least_squares(problem, begin, calc_var=calc_var, settings=settings,
                               planned=planned,
                               known=None if square is None else square.known_norms())
-    note = "" if square is None else f"; the LU did not answer: {square.why}"
     return ans, _qr_who(ans), note + worker
 
 
@@ -216,6 +222,8 @@ def _release(ans) -> None:
 
 
 def _qr_who(ans) -> str:
+    if ans.who:
+        return ans.who
     F = ans.factorization
     if F is None:
         return "the start: x0 (or 0) is exact"

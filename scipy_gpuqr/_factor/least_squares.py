@@ -513,8 +513,10 @@ class LstsqAnswer(NamedTuple):
     arnorm: float
     bnorm: float
     var: Optional[np.ndarray]
-    factorization: Optional[FactoredQR]     # None for a trivial problem
+    factorization: Optional[FactoredQR]     # None for a trivial problem or a dense answer
     itn: int = 0
+    who: str = ""                           # who answered, where no factorization did
+                                            # ('' for the QR's and a trivial answer)
 
 
 class DampedNorms(NamedTuple):

@@ -55,6 +55,10 @@ where it may pay (:func:`qr_ahead_fits`):
   (``2 q² (p − q/3)``, ``p ≥ q`` the matrix's dimensions): the worker's time and
   memory are small whatever the fill, and a run that converged does not leave
   it busy for long;
+* a QR beyond the dense answer's size gate
+  (:func:`~scipy_gpuqr._factor.dense_least_squares.dense_qr_small`): a tinier
+  problem's exact answer, made densely on the caller's thread after the stall,
+  costs less than a worker's start and hand-over;
 * a run to the limit of at least :data:`QR_AHEAD_MIN_RUN_S` nominal seconds;
 * a plan on the host: where the plan gives the QR a GPU, the worker stops
   and hands the plan to the caller's thread, which factorizes as without it.
@@ -70,6 +74,7 @@ from .._dispatch.iterate_first import LU_AHEAD_MIN_CPUS
 from .._dispatch.placement import host_iteration_seconds
 from .._schedule.native import usable_cpus
 from .factored import plan_for
+from .dense_least_squares import dense_qr_small
 from .least_squares import LstsqAnswer, LstsqStart, solve_least_squares, start_problem
 
 __all__ = ["QR_AHEAD_MIN_CPUS", "QR_AHEAD_SHARE", "QR_AHEAD_MIN_RUN_S", "QR_AHEAD_MAX_LENGTH",
@@ -100,12 +105,13 @@ _HOST_BACKENDS = ("cpu", "reference", "simulate")
 def qr_ahead_fits(shape, nnz: int, iter_lim: int) -> bool:
     """Whether the QR of an A of ``shape`` with ``nnz`` stored entries may be made ahead
     of a run to ``iter_lim`` on this host: enough usable cores, short vectors, a small
-    dense bound of its flops, a run long enough to hide some of it (see the module)."""
+    dense bound of its flops but beyond the dense answer's, a run long enough to hide
+    some of it (see the module)."""
     m, n = (int(d) for d in shape)
     p, q = max(m, n), min(m, n)
     if q == 0 or p > QR_AHEAD_MAX_LENGTH:
         return False
-    if 2.0 * q * q * (p - q / 3.0) > QR_AHEAD_MAX_FLOPS:
+    if 2.0 * q * q * (p - q / 3.0) > QR_AHEAD_MAX_FLOPS or dense_qr_small((m, n)):
         return False
     if iter_lim * host_iteration_seconds(m, n, nnz) < QR_AHEAD_MIN_RUN_S:
         return False
