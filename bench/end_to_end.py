@@ -569,7 +569,7 @@ if SPANS:
     _kmod._Compiled.get = _span(lambda self, name, *a, **k: "module " + name, _kmod._Compiled.get)
     if hasattr(_kmod, "_seed_preprocess"):
         _kmod._seed_preprocess = _span("seed NVRTC table", _kmod._seed_preprocess)
-    for _n in ("read_aligned", "read_mapped", "crc32"):
+    for _n in ("read_mapped", "crc32"):
         if hasattr(_smod, _n):
             setattr(_smod, _n, _span("store " + _n, getattr(_smod, _n),
                                      (lambda *a, _c=(_n == "crc32"), **k:

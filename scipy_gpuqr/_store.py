@@ -27,11 +27,11 @@ users (it imports neither):
   the entries this process has not seen, all of them only where the bound is
   passed).
 
-Array files (:func:`write_arrays`, :func:`read_aligned`,
+Array files (:func:`write_arrays`, :func:`read_mapped`,
 :func:`decode_arrays`): an 8-byte magic word, the header's length, a JSON
 header (the caller's facts, every array's dtype, shape and offset, the
 payload's size and CRC-32) and the arrays, each at a multiple of 64 bytes of
-the file, so they are read back as aligned views of one buffer, without
+the file, so they are read back as aligned views of the mapped file, without
 copies.
 
 Everything here is best effort: an unwritable folder only means no disk
@@ -61,7 +61,7 @@ from ._cachedir import cache_dir
 __all__ = ["ENV", "STALE_SECONDS", "folder", "source_stamp", "STAMPS_FILE", "file_ids", "recorded",
            "record", "narrow", "unlink", "touch",
            "publish", "files", "bound", "write_behind", "flush", "write_arrays",
-           "read_aligned", "read_mapped", "decode_arrays", "crc32", "crc32_combine",
+           "read_mapped", "decode_arrays", "crc32", "crc32_combine",
            "crc_piece_bytes", "Foreign", "load_fingerprinted", "save_fingerprinted"]
 
 #: Environment variable naming the folder (or ``off``).
@@ -484,36 +484,25 @@ def write_arrays(fh, magic: bytes, arrays: dict, header: dict) -> None:
         fh.write(mv)
 
 
-def read_aligned(path: Path):
-    """The bytes of ``path`` in a 64-byte aligned, writable buffer (a memoryview),
-    or None when it cannot be read whole."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            buf = np.empty(size + _ALIGN, dtype=np.uint8)
-            at = -buf.ctypes.data % _ALIGN
-            data = memoryview(buf[at:at + size])
-            if fh.readinto(data) != size:
-                return None
-    except OSError:
-        return None
-    return data
-
-
-def read_mapped(path: Path):
-    """The bytes of ``path`` mapped read-only (a memoryview of an ``mmap``), or None.
+def read_mapped(path: Path, *, writable: bool = False):
+    """The bytes of ``path`` mapped (a memoryview of an ``mmap``), or None.
 
     For large entries: their arrays are views of the page cache, made without
-    reading or copying (and without first touches of fresh memory); the
-    mapping stays valid when the file is replaced or deleted (the store never
-    truncates a file in place). Arrays decoded from it are read-only.
+    reading or copying (and without first touches of fresh memory, whose page
+    faults a new process's first call pays beside CuPy's import); the mapping
+    stays valid when the file is replaced or deleted (the store never
+    truncates or rewrites a file in place). Arrays decoded from it are
+    read-only, or with ``writable`` writable: a private (copy-on-write)
+    mapping, whose pages are copied only where written, and never written
+    back to the file.
     """
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size == 0:
                 return None
-            mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
+            mm = mmap.mmap(fh.fileno(), size,
+                           access=mmap.ACCESS_COPY if writable else mmap.ACCESS_READ)
     except (OSError, ValueError):
         return None
     return memoryview(mm)

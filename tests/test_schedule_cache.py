@@ -256,6 +256,30 @@ def _same_schedule(a, b):
                        for x, y in zip(sa.launch_range(L0, L1), sb.launch_range(L0, L1)))
 
 
+def _same_plan_arrays(a, b):
+    """Every array and fact a plan file keeps of ``a`` and ``b``
+    (:func:`~scipy_gpuqr._schedule.sparse._plan_arrays`: the templates, the blocks,
+    the assembly records, the offsets, the dicts, the records where kept) equal:
+    dtype, shape and bytes."""
+    from scipy_gpuqr._schedule import sparse
+    xa, fa = sparse._plan_arrays(a)
+    xb, fb = sparse._plan_arrays(b)
+    assert fa == fb
+    assert sorted(xa) == sorted(xb)
+    for k in xa:
+        assert (xa[k].dtype, xa[k].shape) == (xb[k].dtype, xb[k].shape), k
+        assert xa[k].tobytes() == xb[k].tobytes(), k
+
+
+def _mapped(arr) -> bool:
+    """Whether ``arr`` is a view of a mapped file (no copy of its bytes)."""
+    import mmap
+    base = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
 @pytest.fixture
 def count_builds(monkeypatch):
     from scipy_gpuqr._schedule import sparse
@@ -289,6 +313,7 @@ def test_plan_from_disk_is_the_built_one(cache_dir, count_builds, kw):
     again = build_schedule(analyze(grid3d_least_squares(10)), cache=False, lazy=True, **kw)
     assert len(count_builds) == 1                     # from the file
     _same_schedule(built, again)
+    _same_plan_arrays(built, again)
     other = dict(kw, granule=3)                        # other arguments: built
     build_schedule(an, cache=False, lazy=True, **other)
     assert len(count_builds) == 2
@@ -449,7 +474,51 @@ def test_plan_file_without_records_past_the_bound(cache_dir, monkeypatch, count_
     again = build_schedule(an, cache=False, lazy=True)               # from the file
     assert len(count_builds) == 1
     assert not again.stages[0].materialized
+    _same_plan_arrays(built, again)                 # the plan the records are made of
     _same_schedule(built, again)
+
+
+@pytest.mark.parametrize("A", [grid3d_least_squares(10), chessboard_boundary(4, 5, 2)],
+                         ids=["grid10", "ch4-5-b2"])
+def test_schedule_made_ahead_from_its_file_equals_the_built_one(cache_dir, count_builds, A):
+    # what a new process's schedule-load worker reads (the engine's arguments,
+    # stored_only) is the schedule built, array by array; its arrays are views of
+    # the mapped file (no copy), writable as a built schedule's
+    from scipy_gpuqr._schedule.dense import DEFAULT_DENSE_FLOPS, DENSE_COLUMNS_PER_LAUNCH
+    kw = dict(tile=32, bundle=3, pipelining=True, max_gpu_memory=None, max_tasks=None,
+              lazy=True, dense_flops=DEFAULT_DENSE_FLOPS,
+              dense_columns_per_launch=DENSE_COLUMNS_PER_LAUNCH, cache=False)
+    an = analyze(A)
+    assert build_schedule(an, stored_only=True, **kw) is None          # nothing stored
+    built = build_schedule(an, **kw).materialize()                      # the file written
+    bucket.clear_cache()
+    got = build_schedule(analyze(A), stored_only=True, **kw)
+    assert len(count_builds) == 1
+    _same_plan_arrays(built, got)
+    _same_schedule(built, got)
+    st = got.stages[0]
+    for arr in (st.tasks, st._maker.asm, st._maker.ctx.rows, got.vt_base, st.foff):
+        assert _mapped(arr) and arr.flags.writeable
+
+
+def test_writes_to_a_loaded_plan_stay_in_the_process(cache_dir):
+    # the plan file is mapped privately (copy-on-write): a write to the loaded
+    # schedule's arrays changes neither the file nor the next load
+    an = analyze(grid3d_least_squares(8))
+    built = build_schedule(an, cache=False, lazy=True).materialize()
+    digest = schedule_digest(built)
+    path, = cache_dir.rglob("plan-*.bin")
+    raw = path.read_bytes()
+    got = build_schedule(an, cache=False, lazy=True)                  # from the file
+    assert schedule_digest(got) == digest
+    st = got.stages[0]
+    st.tasks.view(np.int64)[:] = -1
+    st._maker.ctx.rows[:] = -1
+    got.vt_base[:] = -1
+    assert path.read_bytes() == raw
+    again = build_schedule(an, cache=False, lazy=True)
+    assert schedule_digest(again) == digest
+    _same_plan_arrays(built, again)
 
 
 def test_plan_file_records_of_another_count_are_damage(cache_dir, count_builds):

@@ -49,6 +49,32 @@ def test_damaged_payload_fails_the_parallel_check(monkeypatch, tmp_path):
         _store.decode_arrays(bytes(raw), b"TESTMAG1", {"format": 1})
 
 
+@pytest.mark.parametrize("writable", [False, True])
+def test_mapped_read_private_when_writable(tmp_path, writable):
+    """A mapped array file's arrays are read-only views, or with ``writable``
+    views of a private mapping: writable, and what is written never reaches the
+    file (nor a later reader)."""
+    a = {"x": np.arange(50_000, dtype=np.int64)}
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as fh:
+        _store.write_arrays(fh, b"TESTMAG1", a, {"format": 1})
+    raw = path.read_bytes()
+    _, got = _store.decode_arrays(_store.read_mapped(path, writable=writable), b"TESTMAG1",
+                                  {"format": 1})
+    x = got["x"]
+    assert x.flags.writeable == writable
+    assert x.ctypes.data % 64 == 0
+    if writable:
+        x[:] = -1
+        assert (x == -1).all()
+    else:
+        with pytest.raises(ValueError):
+            x[0] = -1
+    assert path.read_bytes() == raw
+    _, again = _store.decode_arrays(_store.read_mapped(path), b"TESTMAG1", {"format": 1})
+    assert np.array_equal(again["x"], a["x"])
+
+
 @pytest.mark.parametrize("threads", [2, 3, 8])
 @pytest.mark.parametrize("n", [1, 4096 * 5 + 17, 16_700_000, 52_600_000, 428_400_000])
 def test_crc_pieces_one_per_thread(n, threads):

@@ -671,11 +671,17 @@ def load_plan(s: PlanSlot | None, decode: Callable):
     ``decode(arrays, facts)`` makes the plan of the arrays and the JSON facts
     :func:`save_plan`'s ``encode`` gave; any exception it raises counts as
     damage (the file is deleted).
+
+    The file is mapped, not copied into fresh memory: a plan with its records
+    takes tens of megabytes, whose copy would cost a page fault per fresh page
+    and the copy itself, on the worker that reads it while a new process's
+    first call imports CuPy. The mapping is private (copy-on-write), so the
+    plan's arrays are as writable as those of a plan built in the process.
     """
     if s is None:
         return None
     path, fp, args = s.path, s.fingerprint, s.args
-    data = _store.read_aligned(path)
+    data = _store.read_mapped(path, writable=True)
     if data is None:
         return None
     try:
