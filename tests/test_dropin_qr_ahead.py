@@ -166,6 +166,28 @@ def test_the_answer_made_ahead_is_the_same_bits(cores, started, monkeypatch, nam
     assert _bits(with_worker) == _bits(without)
 
 
+def test_a_worker_that_cannot_start_leaves_the_answer_to_the_caller(cores, started,
+                                                                    monkeypatch):
+    """Where the host gives no thread (``Thread.start`` raises), the run goes on and the
+    caller makes the answer after the stall, the same bits as without a worker (it
+    does not wait for a worker that never ran)."""
+    A = _mtx("lp_e226")
+    b = _b(A)
+    cores(1)
+    without = lsmr(A, b)
+
+    class NoThread(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(qr_ahead, "threading",
+                        SimpleNamespace(Thread=NoThread, Event=threading.Event))
+    cores(16)
+    refused = lsmr(A, b)
+    assert len(started) == 1 and not started[0].started
+    assert started[0].result() is None
+    assert _bits(refused) == _bits(without)
+
+
 def _held_in(monkeypatch, step):
     """Hold the worker in ``step`` ('start', 'plan' or 'factors') until the caller waits
     for it (:meth:`QRAhead.result`, which waits for the worker to reach the step first);

@@ -193,13 +193,19 @@ class QRAhead:
         """Start the worker (once). The checked problem is made here, on the caller's
         thread, so that the worker and the caller never both make it. The worker's
         first step waits until this has returned: the run goes on at once, not after
-        the worker's first steps (Python, which hold the interpreter's lock)."""
+        the worker's first steps (Python, which hold the interpreter's lock). Where no
+        thread can be started (the host's limit on threads), none is: the caller makes
+        the answer after the run as without the worker."""
         if self._thread is not None or self._cancelled:
             return
         problem = self._problem()
-        self._thread = threading.Thread(target=self._work, args=(problem,), daemon=True,
-                                        name="scipy_gpuqr-qr-ahead")
-        self._thread.start()
+        thread = threading.Thread(target=self._work, args=(problem,), daemon=True,
+                                  name="scipy_gpuqr-qr-ahead")
+        try:
+            thread.start()
+        except RuntimeError:        # "can't start new thread"
+            return
+        self._thread = thread
         self._go.set()
 
     def cancel(self) -> None:
