@@ -561,7 +561,8 @@ def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=(),
     no gather index of R's entries for it."""
     fs = analysis.fronts
     hs = set(host)
-    hfronts = [int(sched.stages[sid].fronts[0]) for sid in sorted(hs)]
+    if HOST_CHILDREN_PLACED and hs:
+        needs = placed_children(analysis, needs, [int(sched.stages[sid].fronts[0]) for sid in hs])
     mapped = dict(mapped or {})
     out = []
     for sid, st in enumerate(sched.stages):
@@ -572,8 +573,6 @@ def stage_bytes(sched, analysis, needs: FrontNeeds, itemsize: int, host=(),
         sl = slice(first, last + 1)
         par = fs.parent[sl]
         away = np.flatnonzero((par < 0) | (par > last)) + first
-        if HOST_CHILDREN_PLACED and hfronts:
-            away = away[~np.isin(fs.parent[away], hfronts)]
         work = sorted(needs.dense_work[sl].tolist(), reverse=True)[:DENSE_STREAMS]
         ntasks = int(st.launch_ptr[-1]) if len(st.launch_ptr) else 0
         pool = mapped.get(sid, int(st.pool_size) * int(itemsize))
