@@ -74,7 +74,7 @@ from .._dispatch.iterate_first import LU_AHEAD_MIN_CPUS
 from .._dispatch.placement import host_iteration_seconds
 from .._schedule.native import usable_cpus
 from .factored import plan_for
-from .dense_least_squares import dense_qr_small
+from .dense_least_squares import dense_qr_flops, dense_qr_small
 from .least_squares import LstsqAnswer, LstsqStart, solve_least_squares, start_problem
 
 __all__ = ["QR_AHEAD_MIN_CPUS", "QR_AHEAD_SHARE", "QR_AHEAD_MIN_RUN_S", "QR_AHEAD_MAX_LENGTH",
@@ -111,7 +111,7 @@ def qr_ahead_fits(shape, nnz: int, iter_lim: int) -> bool:
     p, q = max(m, n), min(m, n)
     if q == 0 or p > QR_AHEAD_MAX_LENGTH:
         return False
-    if 2.0 * q * q * (p - q / 3.0) > QR_AHEAD_MAX_FLOPS or dense_qr_small((m, n)):
+    if dense_qr_flops((m, n), 0.0) > QR_AHEAD_MAX_FLOPS or dense_qr_small((m, n)):
         return False
     if iter_lim * host_iteration_seconds(m, n, nnz) < QR_AHEAD_MIN_RUN_S:
         return False
