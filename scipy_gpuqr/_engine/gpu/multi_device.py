@@ -87,6 +87,7 @@ from ..host.reference import task_list_input
 from ..host.simulate import one_blas_thread
 from ..split_front import NumpySplit, run_split
 from . import driver
+from .array_ops import unit_triangle
 from .device import CupyDevice, pinned_pool_cap
 from .pinned_ahead import PinnedAhead, lane_bound, lane_needs, pinned_needs
 from .rcopy import (MIN_CHUNK_BYTES, SLOT_BYTES, CupyRCopy, final_entries, staging_for,
@@ -402,25 +403,41 @@ class _Transfers:
             self.failed = True
             self.cv.notify_all()
 
-    def cut(self, k, layer, pool, base, cm, fn, fp):
-        """Front's block ``pool[base:].reshape(cm, fn)[:, fp:]``, upper trapezoidal, packed."""
-        cp = getattr(layer, "cp", None)
-        if cp is None:
-            return np.triu(pool[base: base + cm * fn].reshape(cm, fn)[:, fp:]).copy(), None
-        try:
-            with layer.stream:
-                buf = cp.triu(pool[base: base + cm * fn].reshape(cm, fn)[:, fp:])
-                buf = cp.ascontiguousarray(buf)
-                ev = cp.cuda.Event(disable_timing=True)
-                ev.record(layer.stream)
-        except cp.cuda.memory.OutOfMemoryError as exc:
-            raise DeviceOutOfMemory(str(exc)) from exc
-        return buf, ev
+    def put_stage(self, k, layer, pool, blocks) -> None:
+        """The outgoing blocks of a stage of layer ``k``, cut and handed over.
 
-    def put(self, c, k, layer, pool, base, cm, fn, fp):
-        buf, ev = self.cut(k, layer, pool, base, cm, fn, fp)
+        ``blocks``: ``(front, base, cm, fn, fp)`` per block, the front's block
+        ``pool[base:].reshape(cm, fn)[:, fp:]``, upper trapezoidal, packed. On a
+        CUDA layer every block goes into one buffer of the stage by one
+        :mod:`.array_ops` kernel each, behind one event (a buffer, a triangle's
+        kernels and an event per block held the device's enqueueing thread a
+        third of a millisecond a block: hundreds of blocks at a stage's end).
+        """
+        cp = getattr(layer, "cp", None)
+        views = {}
+        ev = None
+        if cp is None:
+            for c, base, cm, fn, fp in blocks:
+                views[c] = np.triu(pool[base: base + cm * fn].reshape(cm, fn)[:, fp:]).copy()
+        elif blocks:
+            try:
+                with layer.stream:
+                    buf = cp.empty(sum(cm * (fn - fp) for _, _, cm, fn, fp in blocks),
+                                   dtype=pool.dtype)
+                    at = 0
+                    for c, base, cm, fn, fp in blocks:
+                        n = cm * (fn - fp)
+                        views[c] = unit_triangle(pool[base: base + cm * fn].reshape(cm, fn)[:, fp:],
+                                                 lower=False, unit=False,
+                                                 out=buf[at: at + n].reshape(cm, fn - fp))
+                        at += n
+                    ev = cp.cuda.Event(disable_timing=True)
+                    ev.record(layer.stream)
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                raise DeviceOutOfMemory(str(exc)) from exc
         with self.cv:
-            self.blocks[c] = (buf, ev, k)
+            for c, view in views.items():
+                self.blocks[c] = (view, ev, k)
             self.cv.notify_all()
 
     def take(self, c):
@@ -1454,12 +1471,13 @@ class _MultiStageRun:
             first, last = st.fronts
             t0 = clock()
             parts["other"] += t0 - t
-            for f in range(first, last + 1):         # blocks for later stages
+            out = []                                 # blocks for later stages
+            for f in range(first, last + 1):
                 p = int(fs.parent[f])
                 if p > last and int(fs.cm[f]) > 0 and int(fs.fn[f]) > int(fs.fp[f]):
                     base = int(st.foff[f]) + int(fs.frank[f]) * int(fs.fn[f])
-                    self.xfer.put(f, k, layer, h["pool"], base, int(fs.cm[f]),
-                                  int(fs.fn[f]), int(fs.fp[f]))
+                    out.append((f, base, int(fs.cm[f]), int(fs.fn[f]), int(fs.fp[f])))
+            self.xfer.put_stage(k, layer, h["pool"], out)
             t = clock()
             parts["blocks_out"] += t - t0
             events += [("cut", int(sid), t0, t), ("stage", int(sid), t_stage, t)]
