@@ -298,8 +298,13 @@ def test_lsqr_cpu_takes_the_nullspace_cod_on_dwt_878():
     x_ref, _, rank_ref, _ = np.linalg.lstsq(A.toarray(), b, rcond=None)
     assert rank_ref == 850
     assert np.linalg.norm(x - x_ref) <= 1e-10 * np.linalg.norm(x_ref)
-    r = b - A @ x
-    assert np.linalg.norm(A.T @ r) <= 64 * EPS * sp.linalg.norm(A) * np.linalg.norm(r)
+    # the normal equations' residual within a small multiple of LAPACK's lstsq on the
+    # same host: a fixed multiple of eps does not carry from host to host (64 eps held
+    # on earlier CI hosts; on an AVX-512 one, 218 eps against lstsq's own 47, with x
+    # within 1e-10 of lstsq's, whatever OpenBLAS core type is forced)
+    r, r_ref = b - A @ x, b - A @ x_ref
+    assert np.linalg.norm(A.T @ r) <= max(64 * EPS * sp.linalg.norm(A) * np.linalg.norm(r),
+                                          16 * np.linalg.norm(A.T @ r_ref))
 
 
 # ---------------------------------------------------------------------------
