@@ -28,7 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._numeric import NumericQR
-from . import _cholmod, blas_threads
+from . import _cholmod, blas_threads, spqr_orders
 from ._cholmod import Common, dense_to_numpy, dense_view, sparse_to_scipy, sparse_view
 from ._ffi_cache import declared_ffi, symbol
 from ._libs import INSTALL_HINT, LibraryNotFound, find_library, major_version, open_library
@@ -420,6 +420,16 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
         under rank detection); ``rank``, ``tol`` (the tolerance actually used,
         None when off), ``flops`` (SuiteSparseQR's count) and ``info``.
 
+    Notes
+    -----
+    Without rank detection (``tol`` None) and a fill-reducing ``ordering``
+    ('colamd', 'amd', 'metis'), a canonical CSC A whose pattern SuiteSparseQR
+    ordered before in this process is factorized in that kept order with its
+    fixed ordering (:mod:`.spqr_orders`): the same factors bit for bit, without
+    ordering again. ``info['ordering_kept']`` says so; ``info['ordering_used']``
+    names the ordering that found the order (``info['istat']`` is the run's own,
+    its ordering the fixed one).
+
     Raises
     ------
     TypeError
@@ -440,9 +450,22 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
     if ordering == "given" and colperm is None:
         raise ValueError("ordering='given' needs colperm")
     tol_code = _tol_code(tol)
-    C = _as_csc(A)
-    m, n = C.shape
+    # without rank detection, SuiteSparseQR's order of a pattern it ordered before
+    # (:mod:`.spqr_orders`): A in that order, with the fixed ordering
+    kept_key = (spqr_orders.pattern_key(A, ordering)
+                if colperm is None and tol_code == SPQR_NO_TOL else None)
+    kept = spqr_orders.lookup(kept_key, A)
     user_perm = None
+    if kept is not None:
+        indptr, indices, gather = kept.permuted()
+        data = A.data[gather]
+        if not np.isfinite(data).all():
+            raise ValueError("matrix contains non-finite values (inf or NaN)")
+        C = _Arrays(kept.shape, data, indices, indptr)
+        order_code = _FIXED
+    else:
+        C = _as_csc(A)
+    m, n = C.shape
     if colperm is not None:
         user_perm = _check_colperm(colperm, n)
         if isinstance(C, _Arrays):
@@ -452,13 +475,64 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
         C.indptr = C.indptr.astype(np.int64, copy=False)
         C.indices = C.indices.astype(np.int64, copy=False)
         order_code = _FIXED
-    else:
+    elif kept is None:
         order_code = ORDERINGS[ordering]
     if m == 0 or n == 0:
         return _empty_factorization(C, tol_code, user_perm)
 
     libs = _libs()
+    spqr_rank, R, H, HTau, HPinv, E, stats, wall = _run(libs, C, order_code, tol_code,
+                                                        blas_threads_hint)
+    ordering_used = _ORDERING_NAMES.get(stats["istat"]["ordering_used"], "unknown")
+    if kept is not None:
+        if not kept.agrees(stats["istat"]):
+            # the kept order did not run as the first factorization did: SuiteSparseQR
+            # orders again, and this pattern's order is not kept from now on
+            spqr_orders.refuse(kept_key)
+            return spqr_factorize(A, ordering=ordering, tol=tol,
+                                  blas_threads_hint=blas_threads_hint)
+        E = kept.colperm[E]
+        ordering_used = kept.ordering_used
+    elif kept_key is not None:
+        spqr_orders.keep(kept_key, A, E, stats["istat"], ordering_used)
+
+    k = min(m, n)
+    if tol_code == SPQR_NO_TOL:
+        rank, tol_used = k, None
+    else:
+        rank = int(spqr_rank)
+        tol_used = stats["tol_used"] if tol_code == SPQR_DEFAULT_TOL else tol_code
+        if rank < n:
+            trap = _trapezoidal(R, rank)
+            if trap is not None:
+                R = R[:, trap]
+                E = E[trap]
+    perm = E if user_perm is None else user_perm[E]
+    library, cholmod_version = _library_facts()
+    info = {
+        "backend": "cpu",
+        "library": library,
+        "cholmod_version": cholmod_version,
+        "ordering_requested": "given" if user_perm is not None else ordering,
+        "ordering_used": ordering_used,
+        "ordering_kept": kept is not None,
+        "rank_spqr": int(spqr_rank),
+        "qmult": "SuiteSparseQR_qmult" if libs.qmult is not None else "numpy",
+        "wall_time": wall,
+        **{key: stats[key] for key in ("analyze_time", "factorize_time", "flopcount_bound",
+                                       "norm_E_fro", "peak_memory_bytes", "istat")},
+    }
+    return SpqrQR(shape=(m, n), R=R, colperm=perm, rank=rank, tol=tol_used,
+                  flops=stats["flops"], info=info, H=H, HTau=HTau, HPinv=HPinv,
+                  blas_threads=blas_threads_hint)
+
+
+def _run(libs: _Libs, C, order_code: int, tol_code: float, blas_threads_hint):
+    """One ``SuiteSparseQR_C`` call on canonical int64 CSC C: ``(rank, R, H, HTau, HPinv,
+    E, stats, wall seconds)``, every output copied into NumPy/SciPy arrays and the C
+    memory freed."""
     ffi = libs.ffi
+    m, n = C.shape
     k = min(m, n)
     keep: list = []
     t0 = time.perf_counter()
@@ -496,35 +570,7 @@ def spqr_factorize(A, *, ordering: str = "colamd", colperm=None, tol="default",
                 libs.cholmod.cholmod_l_free(n, 8, E_p[0], cc.ptr)
             if HPinv_p[0] != ffi.NULL:
                 libs.cholmod.cholmod_l_free(m, 8, HPinv_p[0], cc.ptr)
-    wall = time.perf_counter() - t0
-
-    if tol_code == SPQR_NO_TOL:
-        rank, tol_used = k, None
-    else:
-        rank = int(spqr_rank)
-        tol_used = stats["tol_used"] if tol_code == SPQR_DEFAULT_TOL else tol_code
-        if rank < n:
-            trap = _trapezoidal(R, rank)
-            if trap is not None:
-                R = R[:, trap]
-                E = E[trap]
-    perm = E if user_perm is None else user_perm[E]
-    library, cholmod_version = _library_facts()
-    info = {
-        "backend": "cpu",
-        "library": library,
-        "cholmod_version": cholmod_version,
-        "ordering_requested": "given" if user_perm is not None else ordering,
-        "ordering_used": _ORDERING_NAMES.get(stats["istat"]["ordering_used"], "unknown"),
-        "rank_spqr": int(spqr_rank),
-        "qmult": "SuiteSparseQR_qmult" if libs.qmult is not None else "numpy",
-        "wall_time": wall,
-        **{key: stats[key] for key in ("analyze_time", "factorize_time", "flopcount_bound",
-                                       "norm_E_fro", "peak_memory_bytes", "istat")},
-    }
-    return SpqrQR(shape=(m, n), R=R, colperm=perm, rank=rank, tol=tol_used,
-                  flops=stats["flops"], info=info, H=H, HTau=HTau, HPinv=HPinv,
-                  blas_threads=blas_threads_hint)
+    return spqr_rank, R, H, HTau, HPinv, E, stats, time.perf_counter() - t0
 
 
 def _trapezoidal(R: sp.csc_array, rank: int):
@@ -537,6 +583,8 @@ def _trapezoidal(R: sp.csc_array, rank: int):
     triangular with nonzero diagonal; Q is unchanged. Returns None when R is
     already in that form.
     """
+    if rank == 0 or _trapezoidal_already(R, rank):
+        return None
     Rr = sp.csr_array(R[:rank])
     Rr.eliminate_zeros()
     Rr.sort_indices()
@@ -554,6 +602,25 @@ def _trapezoidal(R: sp.csc_array, rank: int):
     dead = np.ones(R.shape[1], dtype=bool)
     dead[pivots] = False
     return np.concatenate([pivots, np.flatnonzero(dead)]).astype(np.int64)
+
+
+def _trapezoidal_already(R: sp.csc_array, rank: int) -> bool:
+    """Whether R is in upper trapezoidal form already (what :func:`_trapezoidal`
+    answers None for): every row ``i < rank`` has its leading nonzero entry at
+    column i, i.e. ``R[j, j] != 0`` for ``j < rank`` and no nonzero entry of rows
+    ``< rank`` lies below the diagonal of the first ``rank`` columns. Read off R's CSC
+    arrays (a row-major copy of R, sorted, costs ten times as much); False where it
+    is not (the caller then finds the column order)."""
+    indptr = R.indptr
+    stop = int(indptr[rank])
+    rows = R.indices[:stop]
+    cols = np.arange(rank, dtype=rows.dtype).repeat(indptr[1:rank + 1] - indptr[:rank])
+    live = (rows < rank) & (R.data[:stop] != 0)
+    if (rows[live] > cols[live]).any():
+        return False
+    diagonal = np.zeros(rank, dtype=bool)
+    diagonal[cols[live & (rows == cols)]] = True
+    return bool(diagonal.all())
 
 
 def _free_sparse(libs: _Libs, pp, cc: Common) -> None:

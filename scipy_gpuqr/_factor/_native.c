@@ -38,6 +38,32 @@ void sgf_upper_solve(int64_t q, const int64_t *indptr, const int64_t *indices,
                      const double *data, const double *diag, double *X, int64_t k,
                      int64_t ld, int32_t trans)
 {
+    if (k == 1) {
+        /* one column (the Lanczos runs' vectors): the same operations in the same
+         * order as below, the column's value kept in a register */
+        if (!trans) {
+            for (int64_t j = q - 1; j >= 0; j--) {
+                const double xj = X[j * ld] / diag[j];
+                X[j * ld] = xj;
+                for (int64_t p = indptr[j]; p < indptr[j + 1]; p++) {
+                    const int64_t i = indices[p];
+                    if (i >= j) continue;
+                    X[i * ld] -= data[p] * xj;
+                }
+            }
+        } else {
+            for (int64_t j = 0; j < q; j++) {
+                double xj = X[j * ld];
+                for (int64_t p = indptr[j]; p < indptr[j + 1]; p++) {
+                    const int64_t i = indices[p];
+                    if (i >= j) continue;
+                    xj -= data[p] * X[i * ld];
+                }
+                X[j * ld] = xj / diag[j];
+            }
+        }
+        return;
+    }
     if (!trans) {
         for (int64_t j = q - 1; j >= 0; j--) {
             double *restrict xj = X + j * ld;

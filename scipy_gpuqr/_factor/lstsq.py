@@ -150,6 +150,7 @@ from .. import _gpu
 from .._cpu.blas_threads import process_limited
 from .._dispatch.plan import available_host_memory
 from .._engine.memory import available_bytes
+from .._trusted_csc import csc_of, transposed_csc
 from .dense_cod import DenseCOD, dense_from_sparse, sigma_max_estimate
 from .dense_subspace import DenseSubspaceCOD
 from .dense_upper import DenseUpper, stored_densely
@@ -475,6 +476,18 @@ def _clearly_above(est, order: int, threshold: float) -> bool:
     margin = 1.0 if est.bound else (_DENSE_SIGMA_MARGIN if order <= DENSE_LIMIT
                                     else _SIGMA_MARGIN)
     return bool(est.value > margin * threshold)
+
+
+def _leading_block(R: sp.csc_array, rows: int, cols: int) -> sp.csc_array:
+    """``R[:rows, :cols]`` of a CSC R whose first ``cols`` columns hold no entry in rows
+    ``rows:`` (a rank-detecting QR's R: its rows from the rank on are empty): copies of
+    R's leading arrays, what SciPy's slice returns after passing every entry through a
+    filter that drops none; SciPy's slice where an entry lies there."""
+    p = int(R.indptr[cols])
+    indices = R.indices[:p]
+    if p and int(indices.max()) >= rows:
+        return R[:rows, :cols]
+    return csc_of(R.data[:p].copy(), indices.copy(), R.indptr[:cols + 1].copy(), (rows, cols))
 
 
 def sigma_min_ceiling(T, seed: int = 0) -> Optional[float]:
@@ -1267,7 +1280,7 @@ class MinNormSolver:
             # σ test already failed, or could not pass after a failed probe
             return False
         Rf = sp.csc_array(first.R)
-        R11, R1 = Rf[:r, :r], Rf[:r]
+        R11, R1 = _leading_block(Rf, r, r), _leading_block(Rf, r, qG)
         # σ_min(R11) <= tol proved (one power step) where it is far below: the
         # check below cannot pass (its estimate would have to exceed σ_min(R11)
         # several-fold), and E and σ_min(R11)'s estimate are not paid for
@@ -1286,7 +1299,7 @@ class MinNormSolver:
             est = sigma_min_upper(R11, tol, solves=tri.solves() if tri else None)
         if not _clearly_above(est, r, tol):
             return False
-        second = self.factorize(sp.csc_array(R1.T), tol=None) if dead else None
+        second = self.factorize(transposed_csc(R1), tol=None) if dead else None
         if second is None:
             self._tri = tri             # solve() uses R11 itself: set up once
         self.method, self.rank = "cod", r
@@ -1623,7 +1636,8 @@ class MinNormSolver:
         r = self.rank
         D = np.asarray(first.qt_matmul(C))[:r]
         if self._tri is None:
-            self._tri = UpperTriangular(sp.csc_array((first if second is None else second).R)[:r, :r])
+            self._tri = UpperTriangular(
+                _leading_block(sp.csc_array((first if second is None else second).R), r, r))
         if second is None:
             Y1 = self._tri.solve(D)
         else:

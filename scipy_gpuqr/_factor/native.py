@@ -98,6 +98,10 @@ class SparseUpperSolves:
         self._indices = np.ascontiguousarray(R.indices, dtype=np.int64)
         self._data = np.ascontiguousarray(R.data, dtype=np.float64)
         self._diag = np.ascontiguousarray(R.diagonal(), dtype=np.float64)
+        # the kept arrays' addresses, read once (``ndarray.ctypes`` builds an object on
+        # every read: most of a call's fixed cost on the Lanczos runs' one-column solves)
+        self._addresses = tuple(a.ctypes.data for a in (self._indptr, self._indices,
+                                                         self._data, self._diag))
 
     def _solve(self, C: np.ndarray, trans: bool, order: Optional[int] = None) -> np.ndarray:
         q = self.q if order is None else int(order)
@@ -109,10 +113,9 @@ class SparseUpperSolves:
         if q and X.shape[1]:
             # R's leading q × q triangle is its first q columns (their rows lie above q):
             # the same arrays, read up to column q
-            self._lib.sgf_upper_solve(q, self._indptr.ctypes.data,
-                                      self._indices.ctypes.data, self._data.ctypes.data,
-                                      self._diag.ctypes.data, X.ctypes.data, X.shape[1],
-                                      X.shape[1], 1 if trans else 0)
+            k = X.shape[1]
+            self._lib.sgf_upper_solve(q, *self._addresses, X.ctypes.data, k, k,
+                                      1 if trans else 0)
         return X.ravel() if vector else X
 
     def solve(self, C: np.ndarray) -> np.ndarray:
