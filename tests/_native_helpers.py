@@ -79,3 +79,14 @@ def assert_analysis_same_either_path(monkeypatch, native, lib, A) -> None:
         np.testing.assert_array_equal(getattr(got.fronts, k), v, err_msg=f"fronts.{k}")
     assert (got.flops, got.nnz_R, got.nnz_H, got.nfronts) == \
         (ref.flops, ref.nnz_R, ref.nnz_H, ref.nfronts)
+
+
+def built_library(native, folder):
+    """The compiled library of the package module ``native`` (one with ``_SPEC``),
+    built into the cache folder ``folder``; the test is skipped where none can be
+    built (its loader's status says why)."""
+    loader = native._native_build.Loader(native._SPEC)
+    out = loader.get(True, env_with_cache(folder))
+    if out is None:
+        pytest.skip(f"no compiled library: {loader.status()}")
+    return out

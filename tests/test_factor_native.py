@@ -10,17 +10,13 @@ import scipy.sparse as sp
 from scipy_gpuqr._factor import native
 from scipy_gpuqr._factor import sparse_subspace as S
 
-from _native_helpers import env_with_cache
+from _native_helpers import built_library
 from test_sparse_subspace import EPS, _gapless_sparse_r
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    loader = native._native_build.Loader(native._SPEC)
-    out = loader.get(True, env_with_cache(tmp_path_factory.mktemp("cache")))
-    if out is None:
-        pytest.skip(f"no compiled library: {loader.status()}")
-    return out
+    return built_library(native, tmp_path_factory.mktemp("cache"))
 
 
 def _upper(q, density, seed, below=False):

@@ -20,7 +20,7 @@ from scipy_gpuqr._factor import lstsq as lstsq_module
 from scipy_gpuqr._factor import native
 from scipy_gpuqr.io import mmread
 
-from _native_helpers import env_with_cache
+from _native_helpers import built_library
 
 
 def _digest(out) -> str:
@@ -97,11 +97,7 @@ def test_leading_block_is_scipys_slice(seed):
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    loader = native._native_build.Loader(native._SPEC)
-    out = loader.get(True, env_with_cache(tmp_path_factory.mktemp("cache")))
-    if out is None:
-        pytest.skip(f"no compiled library: {loader.status()}")
-    return out
+    return built_library(native, tmp_path_factory.mktemp("cache"))
 
 
 @pytest.mark.parametrize("trans", [False, True])

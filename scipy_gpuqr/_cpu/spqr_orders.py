@@ -43,13 +43,13 @@ duplicates) are kept: anything else is ordered by SuiteSparseQR as before.
 
 from __future__ import annotations
 
-import threading
 import zlib
-from collections import OrderedDict
 from typing import Optional
 
 import numpy as np
 import scipy.sparse as sp
+
+from .._bounded_lru import BoundedLRU
 
 __all__ = ["KEPT_ORDERINGS", "MEMORY_ENTRIES", "MEMORY_BYTES", "COUNTS", "KeptOrder",
            "OrderLRU", "pattern_key", "lookup", "keep", "refuse", "refused", "clear"]
@@ -131,7 +131,7 @@ class KeptOrder:
         return tuple(int(istat.get(name, -1)) for name in COUNTS) == self.counts
 
 
-class OrderLRU:
+class OrderLRU(BoundedLRU):
     """A bounded least-recently-used table ``key -> KeptOrder`` (thread-safe); a key
     may also hold None: a pattern whose order is not kept (:func:`refuse`).
 
@@ -144,45 +144,8 @@ class OrderLRU:
     """
 
     def __init__(self, max_entries: int = MEMORY_ENTRIES, max_bytes: int = MEMORY_BYTES):
-        self.max_entries = int(max_entries)
-        self.max_bytes = int(max_bytes)
-        self._lock = threading.Lock()
-        self._d: OrderedDict = OrderedDict()
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __contains__(self, key) -> bool:
-        with self._lock:
-            return key in self._d
-
-    def get(self, key):
-        """The entry of ``key`` (a :class:`KeptOrder`, or None where refused or absent)."""
-        with self._lock:
-            if key not in self._d:
-                return None
-            self._d.move_to_end(key)
-            return self._d[key][0]
-
-    def put(self, key, entry: Optional[KeptOrder]) -> None:
-        size = 0 if entry is None else entry.nbytes
-        with self._lock:
-            old = self._d.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            if size > self.max_bytes or self.max_entries <= 0:
-                return
-            self._d[key] = (entry, size)
-            self._bytes += size
-            while len(self._d) > self.max_entries or self._bytes > self.max_bytes:
-                _, (_, s) = self._d.popitem(last=False)
-                self._bytes -= s
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self._bytes = 0
+        super().__init__(max_entries, max_bytes,
+                         lambda entry: 0 if entry is None else entry.nbytes)
 
 
 _MEMORY = OrderLRU()

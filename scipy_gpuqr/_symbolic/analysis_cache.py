@@ -61,13 +61,13 @@ import hashlib
 import os
 import threading
 import zlib
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import scipy
 
 from .. import _store
+from .._bounded_lru import BoundedLRU
 from .._mapped_files import mapped_paths
 from .._cpu._libs import LibraryNotFound, find_library
 from .._cpu.colamd import colamd_available
@@ -320,7 +320,7 @@ def _nbytes(an) -> int:
     return total
 
 
-class AnalysisLRU:
+class AnalysisLRU(BoundedLRU):
     """A bounded least-recently-used table ``digest -> analysis`` (thread-safe).
 
     Parameters
@@ -332,41 +332,7 @@ class AnalysisLRU:
     """
 
     def __init__(self, max_entries: int = MEMORY_ENTRIES, max_bytes: int = MEMORY_BYTES):
-        self.max_entries = int(max_entries)
-        self.max_bytes = int(max_bytes)
-        self._lock = threading.Lock()
-        self._d: OrderedDict = OrderedDict()
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def get(self, digest: str):
-        with self._lock:
-            got = self._d.get(digest)
-            if got is None:
-                return None
-            self._d.move_to_end(digest)
-            return got[0]
-
-    def put(self, digest: str, an) -> None:
-        size = _nbytes(an)
-        with self._lock:
-            old = self._d.pop(digest, None)
-            if old is not None:
-                self._bytes -= old[1]
-            if size > self.max_bytes or self.max_entries <= 0:
-                return
-            self._d[digest] = (an, size)
-            self._bytes += size
-            while len(self._d) > self.max_entries or self._bytes > self.max_bytes:
-                _, (_, s) = self._d.popitem(last=False)
-                self._bytes -= s
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self._bytes = 0
+        super().__init__(max_entries, max_bytes, _nbytes)
 
 
 _MEMORY = AnalysisLRU()
