@@ -71,7 +71,7 @@ from .triangular import SUPERLU_MAX_NNZ, UpperTriangular
 
 __all__ = ["SparseSubspaceCOD", "decide", "chunked", "one_blas_thread", "LEAK_FACTOR",
            "SOLVE_CHUNK", "DENSE_SOLVES_DENSITY", "DENSE_SOLVE_CHUNK", "DIAG_HINT", "BLOCK_COPIES",
-           "HOST_MEMORY_FRACTION"]
+           "HOST_MEMORY_FRACTION", "NARROW_COLUMNS"]
 
 #: Largest ``‖S‖₂·σ_r`` (lower estimate) accepted: exactly 1 for exact subspaces.
 LEAK_FACTOR = 2.0
@@ -93,6 +93,12 @@ SOLVE_CHUNK = 32
 #: densely and solved with BLAS-3 triangular solves (a sparse sweep runs a
 #: few GFlop/s, ``trsm`` ten times that).
 DENSE_SOLVES_DENSITY = 0.1
+
+#: Blocks of fewer columns are projected by single BLAS calls, not on the lanes:
+#: a product with a few columns reads B at memory speed either way, and the
+#: lanes' row pieces and the sum of their Gram pieces cost more than they share
+#: (the leak probe's 8 columns).
+NARROW_COLUMNS = 16
 
 #: Columns per dense triangular solve on a lane (each piece reads all of R:
 #: fewer, wider pieces than the sparse sweeps').
@@ -118,7 +124,10 @@ def chunked(solve: Callable, chunk: int = SOLVE_CHUNK, lanes: Lanes = SERIAL) ->
 
 
 def _project(B: np.ndarray, C: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray:
-    """``(I − B Bᵀ) C`` twice (reorthogonalization: C's components along B are large)."""
+    """``(I − B Bᵀ) C`` twice (reorthogonalization: C's components along B are large);
+    a block of fewer than :data:`NARROW_COLUMNS` columns as single BLAS calls."""
+    if C.shape[1] < NARROW_COLUMNS:
+        lanes = SERIAL
     for _ in range(2):
         C = C - gemm(B, gemm(B, C, trans_a=True, lanes=lanes), lanes=lanes)
     return C

@@ -25,9 +25,13 @@ Method (orthogonal transformations throughout):
    Ritz values far below the cutoff converge first (at ``(σ/σ_{p+1})⁴`` per
    step): they are locked (taken out of the block) once settled, and the
    remaining steps run on the rest.
-   The tall blocks are factored by Cholesky QR on unit-scaled columns
+   The iteration starts from R⁻¹ of a random block (half a step for one
+   solve). The tall blocks are factored by Cholesky QR on unit-scaled columns
    (:func:`orth_r`, :func:`triangular_factor`: Gram matrices and triangular
-   solves at GEMM speed; Householder where a block is ill-conditioned).
+   solves at GEMM speed; Householder where a block is ill-conditioned); the
+   start's and the first step's ill-conditioned blocks by one pass
+   (:data:`ROUGH_COND`), whose loss of orthogonality keeps that step's Ritz
+   values out of the convergence test and the locking (:data:`SETTLE_LOSS`).
    The iteration (:func:`small_subspace`) takes only the two solves, so
    :mod:`scipy_gpuqr._factor.sparse_subspace` runs it on a sparse R.
 2. **Deflation**: the d Ritz vectors ``V_d`` are moved out with one block
@@ -80,7 +84,8 @@ from .host_lanes import SERIAL, Lanes
 
 __all__ = ["SubspaceCOD", "SubspaceTooLarge", "SmallSubspace", "small_subspace", "orth_r",
            "triangular_factor", "gemm", "STRADDLE", "WINDOW", "RITZ_RTOL", "RITZ_NOISE_LIMIT",
-           "RATE_MAX", "RATE_MARGIN", "MAX_STEPS", "CHOLQR_ORTH", "GRAM_COND", "sigma_max_lanczos"]
+           "RATE_MAX", "RATE_MARGIN", "MAX_STEPS", "CHOLQR_ORTH", "GRAM_COND", "ROUGH_COND",
+           "SETTLE_LOSS", "RATE_LOSS", "sigma_max_lanczos"]
 
 #: The block's largest Ritz value must exceed STRADDLE × cutoff.
 STRADDLE = 2.0
@@ -130,6 +135,29 @@ CHOLQR_ORTH = 0.1
 #: Largest condition estimate of a unit-scaled block for one Cholesky QR pass
 #: (its Gram matrix loses ``eps·cond²`` of orthogonality).
 GRAM_COND = 100.0
+
+#: The iteration's start and its first step factor their blocks by one Cholesky
+#: QR pass up to this condition estimate (the unit-scaled Gram matrix, ``cond²``
+#: = 1e12, is still positive definite in float64), where the two-pass or
+#: Householder factorization would cost two or more q × p products: the block's
+#: span is kept, its orthogonality (or T's singular values) lost to ``eps·cond²``
+#: (2e-4 at the bound). That loss is carried to the step's Ritz values, which the
+#: convergence test and the locking read only where it is small enough
+#: (:data:`SETTLE_LOSS`). A random block's solves are that ill-conditioned
+#: (bayer10: ~1e5-1e6); later blocks are factored as before (on a wide spectrum
+#: under the cutoff ``R⁻ᵀX`` can stay ill-conditioned at every step, and rough
+#: values at every step would never settle).
+ROUGH_COND = 1e6
+
+#: Largest loss (``eps·cond²`` of the step's factorizations, relative to each
+#: Ritz value) of the Ritz values that the convergence test compares and the
+#: locking takes: a one-pass factor within :data:`GRAM_COND`.
+SETTLE_LOSS = float(np.finfo(np.float64).eps) * GRAM_COND ** 2
+
+#: The geometric rule also reads the change before the last (its rate): that
+#: change is taken where the loss of the step before it is at most this share of
+#: it (the rate then within 1 % of the exact values').
+RATE_LOSS = 0.01
 
 
 def _lwork(routine, *args, **kwargs) -> int:
@@ -423,20 +451,40 @@ def _deflate(L: np.ndarray, Y: np.ndarray, lanes: Lanes) -> np.ndarray:
     return Y
 
 
-def _orth_deferred(Y: np.ndarray, lanes: Lanes) -> tuple:
-    """``(Y, M)`` with ``Y M`` orthonormal where one Cholesky QR pass answers
+def _orth_deferred(Y: np.ndarray, lanes: Lanes, rough: bool = False) -> tuple:
+    """``(Y, M, loss)`` with ``Y M`` orthonormal where one Cholesky QR pass answers
     (:func:`orth_r`'s well-conditioned case: ``M = (U D)⁻¹``, condition at most
     :data:`GRAM_COND`), so that the caller folds M into the p × p matrix it
-    multiplies the block by next instead of a q × p product now; ``(orth_r(Y),
-    None)`` otherwise."""
+    multiplies the block by next instead of a q × p product now; ``rough``: ``(Y M,
+    None, loss)`` by one pass up to :data:`ROUGH_COND` (the product made here: a
+    factor that ill-conditioned is not folded into the next rotation); ``(orth_r(Y),
+    None, eps)`` otherwise. ``loss``: the orthogonality lost, ``eps·cond²``."""
     Y = np.asarray(Y, dtype=np.float64)
     with np.errstate(all="ignore"):
         f = _scaled_cholesky(Y, lanes)
-        if f is not None and _cond_upper(f[0]) <= GRAM_COND:
-            M = _upper_inverse(*f)
+        if f is not None:
+            cond = _cond_upper(f[0])
+            M = _upper_inverse(*f) if cond <= (ROUGH_COND if rough else GRAM_COND) else None
             if M is not None and np.all(np.isfinite(M)):
-                return Y, M
-    return orth_r(Y, lanes, first=f, inverse_first=True)[0], None
+                if cond <= GRAM_COND:
+                    return Y, M, EPS * cond * cond
+                return lanes.gemm(Y, M), None, EPS * cond * cond
+    return orth_r(Y, lanes, first=f, inverse_first=True)[0], None, EPS
+
+
+def _rough_factor(Z: np.ndarray, lanes: Lanes, rough: bool = False) -> tuple:
+    """``(T, loss)``: :func:`triangular_factor` of Z (one Cholesky QR pass up to
+    :data:`GRAM_COND`; ``rough``: up to :data:`ROUGH_COND`: T's singular values Z's
+    to ``loss = eps·cond²`` relative to each), else its two-pass or Householder
+    fallback (``loss = eps``)."""
+    Z = np.asarray(Z, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        f = _scaled_cholesky(Z, lanes)
+    if f is not None:
+        cond = _cond_upper(f[0])
+        if cond <= (ROUGH_COND if rough else GRAM_COND):
+            return f[0] * f[1], EPS * cond * cond
+    return orth_r(Z, lanes, first=f, want_q=False)[1], EPS
 
 
 def _finish(L, Lz, lritz, X, Z, B, active, tol, step, p, lanes) -> "SmallSubspace":
@@ -460,7 +508,9 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
                    lanes: Lanes = SERIAL) -> SmallSubspace:
     """R's small right singular subspace by block inverse subspace iteration.
 
-    ``X ← orth(R⁻¹ R⁻ᵀ X W)`` with Rayleigh–Ritz on ``R⁻ᵀ X = P Θ Wᵀ`` each
+    From ``X = orth(R⁻¹Ω)`` (Ω random: R's right singular vectors weighted by
+    1/σ, half a step for one solve), ``X ← orth(R⁻¹ R⁻ᵀ X W)`` with
+    Rayleigh–Ritz on ``R⁻ᵀ X = P Θ Wᵀ`` each
     step (the SVD of the triangular factor of ``R⁻ᵀ X``, :func:`triangular_factor`);
     the block grows (doubling, new random columns) until its largest Ritz
     value exceeds :data:`STRADDLE` × ``tol``; converged when the Ritz values
@@ -478,6 +528,17 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     their Ritz values count as settled. A block that one Cholesky QR pass
     orthonormalizes is kept as ``Y M`` (:func:`_orth_deferred`): M goes into the
     next step's p × p rotation, which spares a q × p product per step.
+    **A rough first step**: the start's block and the first step's ``R⁻ᵀX`` and
+    next ``Y``, where their unit-scaled condition lies between :data:`GRAM_COND`
+    and :data:`ROUGH_COND` (a random block's solves), are factored by one Cholesky
+    QR pass (the span kept, the orthogonality or the factor's singular values lost
+    to ``eps·cond²``), where two passes or Householder cost two or more q × p
+    products more. A step's Ritz values carry the loss of the factors they come
+    from; the convergence test compares only values within :data:`SETTLE_LOSS`
+    (the rate's older change read where the loss before it is within
+    :data:`RATE_LOSS` of it), the locking takes only vectors within it whose
+    moves were read within ``RATE_LOSS·LOCK_RTOL``. The test and its constants
+    are otherwise the same; from the second step on the factorizations are too.
 
     Parameters
     ----------
@@ -502,22 +563,31 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
     """
     rng = np.random.default_rng(seed)
     p = min(q, max(1, block))
+    # the start: R⁻¹ of a random block (R⁻¹Ω = V Σ⁻¹ UᵀΩ, R's right singular
+    # vectors weighted by 1/σ: half a step of the iteration for one solve); uniform
+    # entries, drawn at a quarter of a Gaussian block's cost, in Fortran order (the
+    # solves' and products' layout)
+    Y = np.asarray(inv(rng.uniform(-1.0, 1.0, (p, q)).T))
+    if not np.all(np.isfinite(Y)):
+        raise SubspaceTooLarge("non-finite triangular solve")
     # the block is X M (M None: X itself), M from a well-conditioned Cholesky QR
     # pass (_orth_deferred), applied with the next p × p rotation; R⁻ᵀ(X M) = (R⁻ᵀX) M
-    # and the triangular factor of Z M is Z's times M
-    X, M = _orth_deferred(rng.standard_normal((q, p)), lanes)
+    # and the triangular factor of Z M is Z's times M; x_loss: X M's orthogonality lost
+    X, M, x_loss = _orth_deferred(Y, lanes, rough=True)
     # locked Ritz pairs: vectors L ⟂ X, their images R⁻ᵀL, their Ritz values
     L, Lz, lritz = np.empty((q, 0), order="F"), np.empty((q, 0), order="F"), np.empty(0)
     prev = None
     prev_d = -1
     prev_change = np.inf
+    losses = []                                      # each step's Ritz values' loss
     for step in range(1, MAX_STEPS + 1):
         Z = np.asarray(inv_t(X))                     # R⁻ᵀ X = U Σ⁻¹ Vᵀ X
         if not np.all(np.isfinite(Z)):
             raise SubspaceTooLarge("non-finite triangular solve")
-        T = triangular_factor(Z, lanes)
+        T, t_loss = _rough_factor(Z, lanes, rough=step == 1)
         if M is not None:
             T = T @ M
+        losses.append(max(x_loss, t_loss))
         _, th, Wt = la.svd(T, full_matrices=False, check_finite=False)
         # the block's rotations: (X M) Wᵀ = X B
         B = Wt.T if M is None else M @ Wt.T
@@ -545,8 +615,12 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
         # limit it predicts, change·ρ/(1 − ρ)
         rate = (change / prev_change if np.isfinite(prev_change) and prev_change > 0
                 else np.inf)
-        settled = d == prev_d and (change <= rtol or (
-            rate <= RATE_MAX and change * rate / (1.0 - rate) <= rtol / RATE_MARGIN))
+        # the values compared within SETTLE_LOSS; the rate's older change within
+        # RATE_LOSS of the loss before it (a rough first step's values are not read)
+        exact = len(losses) >= 2 and max(losses[-2:]) <= SETTLE_LOSS
+        rated = exact and len(losses) >= 3 and losses[-3] <= RATE_LOSS * prev_change
+        settled = exact and d == prev_d and (change <= rtol or (
+            rated and rate <= RATE_MAX and change * rate / (1.0 - rate) <= rtol / RATE_MARGIN))
         prev_change = change
         if settled and straddles:
             return _finish(L, Lz, lritz, X, Z, B, active, tol, step, p, lanes)
@@ -560,12 +634,15 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
             LX = _hcat(L, X)
             extra = rng.standard_normal((q, p_new - p))
             extra -= lanes.gemm(LX, lanes.gemm(LX, extra, trans_a=True))
-            X, M = orth_r(_hcat(X, extra), lanes)[0], None
-            p, prev, prev_d, prev_change = p_new, None, -1, np.inf
+            X, M, x_loss = orth_r(_hcat(X, extra), lanes)[0], None, EPS
+            p, prev, prev_d, prev_change, losses = p_new, None, -1, np.inf, []
             continue
         prev, prev_d = ritz, d
         k = 0
-        if moved is not None and straddles:
+        # locked vectors as orthonormal as the settled ones', their moves read
+        # within LOCK_RTOL
+        if moved is not None and straddles and losses[-1] <= SETTLE_LOSS and \
+                losses[-2] <= LOCK_RTOL * RATE_LOSS:
             k = _lockable(active, moved[lritz.size:], tol, X.shape[1])
         if k:
             Bk = np.asfortranarray(B[:, :k])
@@ -578,7 +655,7 @@ def small_subspace(inv, inv_t, q: int, tol: float, *, block: int = 64,
             raise SubspaceTooLarge("non-finite triangular solve")
         if L.shape[1]:
             Y = _deflate(L, Y, lanes)
-        X, M = _orth_deferred(Y, lanes)
+        X, M, x_loss = _orth_deferred(Y, lanes, rough=step == 1)
     raise SubspaceTooLarge(f"no convergence in {MAX_STEPS} steps (block {p})")
 
 
