@@ -386,7 +386,7 @@ def _r_slot_bytes(plan) -> int:
 class _Transfers:
     """Contribution blocks cut at the end of a stage, and their copies into later stages.
 
-    Each device's thread cuts the blocks of its stages (:meth:`put`) and
+    Each device's thread cuts the blocks of its stages (:meth:`put_stage`) and
     takes those its stages carry (:meth:`into`), waiting on the host until
     the source's thread cut them; :meth:`fail` wakes every waiting thread.
     """
