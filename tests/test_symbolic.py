@@ -138,7 +138,8 @@ def test_postorder_and_forest_scans_match_a_plain_search(seed):
 
 
 def test_stable_argsort_and_ranges():
-    from scipy_gpuqr._symbolic._arrays import ranges, stable_argsort
+    from scipy_gpuqr._index_ranges import ranges
+    from scipy_gpuqr._symbolic._arrays import stable_argsort
     rng = np.random.default_rng(0)
     for n, hi in ((0, 1), (1, 1), (50, 3), (1000, 10), (500, 1 << 40)):
         keys = rng.integers(0, hi, n)

@@ -50,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._bounded_lru import BoundedLRU
+from .._index_ranges import ranges
 
 __all__ = ["KEPT_ORDERINGS", "MEMORY_ENTRIES", "MEMORY_BYTES", "COUNTS", "KeptOrder",
            "OrderLRU", "pattern_key", "lookup", "keep", "refuse", "refused", "clear"]
@@ -111,8 +112,7 @@ class KeptOrder:
             indptr = np.zeros(len(E) + 1, dtype=np.int64)
             np.cumsum(counts, out=indptr[1:])
             # entry k of A[:, E] (in column c) is entry starts[c] + (k - indptr[c]) of A
-            gather = np.arange(int(indptr[-1]), dtype=np.int64) + np.repeat(
-                starts - indptr[:-1], counts)
+            gather = ranges(starts, starts + counts)
             indices = self.a_indices.astype(np.int64)[gather]
             for a in (indptr, indices, gather):
                 a.flags.writeable = False

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._index_ranges import ranges
 from . import bucket, native
 from . import cache as disk       # ``cache`` names build_schedule's argument
 from .dense import DENSE_COLUMNS_PER_LAUNCH, dense_defer, dense_front_mask
@@ -977,7 +978,7 @@ class _StageMaker:
         elif b1 > b0:
             rlen = self.blk_rlen[b0:b1]
             rstart = self.blk_rstart[b0:b1]
-            rows = np.repeat(rstart - (np.cumsum(rlen) - rlen), rlen) + np.arange(int(rlen.sum()))
+            rows = ranges(rstart, rstart + rlen)
             idx, k = bucket.expand_rows(rows, self.ctx.mult)
             front = np.repeat(self.blk_front[b0:b1], self.blk_len[b0:b1])
             nfac = len(idx)

@@ -1,4 +1,4 @@
-"""Array helpers of the symbolic analysis: stable integer sorts, ranges, forest scans.
+"""Array helpers of the symbolic analysis: stable integer sorts, forest scans.
 
 NumPy's stable sorts (``kind='stable'``: radix or timsort) and ``lexsort``
 are many times slower than its default sort of 64-bit integers, and
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["stable_argsort", "stable_sort", "ranges", "first_descendants", "subtree_sums", "depths"]
+__all__ = ["stable_argsort", "stable_sort", "first_descendants", "subtree_sums", "depths"]
 
 _LIMIT = 1 << 62
 
@@ -49,18 +49,6 @@ def stable_sort(keys: np.ndarray, bound: int | None = None) -> tuple:
     packed = keys * n + np.arange(n, dtype=np.int64)
     packed.sort()
     return packed // n, packed % n
-
-
-def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, e) for s, e in zip(starts, ends)])`` (ends >= starts)."""
-    starts = np.asarray(starts, dtype=np.int64)
-    lens = np.asarray(ends, dtype=np.int64) - starts
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    # each range's first position, shifted by the lengths before it
-    shift = starts - (np.cumsum(lens) - lens)
-    return np.repeat(shift, lens) + np.arange(total, dtype=np.int64)
 
 
 def first_descendants(parent: np.ndarray) -> np.ndarray:

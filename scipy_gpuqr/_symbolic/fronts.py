@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import native
-from ._arrays import depths, ranges, stable_argsort, stable_sort
+from .._index_ranges import ranges
+from ._arrays import depths, stable_argsort, stable_sort
 
 __all__ = ["Amalgamation", "fundamental_supernodes", "relaxed_amalgamation",
            "FrontStructure", "build_fronts"]

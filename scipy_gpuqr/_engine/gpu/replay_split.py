@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..._index_ranges import ranges
 from .peer_rows import PeerRows
 
 __all__ = ["ReplaySplit", "split_levels", "lane_plan", "split_replay", "NumpyLane",
@@ -72,17 +73,6 @@ class ReplaySplit:
         return len(self.segments)
 
 
-def _ranges(starts, counts) -> np.ndarray:
-    """``[starts[i], starts[i] + counts[i])`` for each ``i``, concatenated (int64)."""
-    starts = np.asarray(starts, dtype=np.int64)
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    head = np.cumsum(counts) - counts
-    return np.repeat(starts - head, counts) + np.arange(total, dtype=np.int64)
-
-
 @dataclass(frozen=True)
 class _Fronts:
     """The fronts a plan's levels update, numbered: row map fronts (by offset)
@@ -109,7 +99,7 @@ class _Fronts:
 
     def rows_of(self, fronts) -> np.ndarray:
         """The rows of ``fronts`` (with repeats), front after front."""
-        return self.rows[_ranges(self.ptr[fronts], np.diff(self.ptr)[fronts])]
+        return self.rows[ranges(self.ptr[fronts], self.ptr[fronts + 1])]
 
 
 def _level_fronts(plan) -> _Fronts:
@@ -134,7 +124,7 @@ def _level_fronts(plan) -> _Fronts:
     if len(offs) and np.array_equal(offs[1:], offs[:-1] + count[:-1]):
         rows = rowmap[offs[0]: offs[-1] + count[-1]]    # the fronts' slices in order
     else:
-        rows = rowmap[_ranges(offs, count)]
+        rows = rowmap[ranges(offs, offs + count)]
     front, level = [pair // max(nl, 1)], [pair % max(nl, 1)]
     rows, sizes = [rows], [count]
     nf = len(offs)
