@@ -298,12 +298,7 @@ def triangular_factor(Y: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray:
     values are then Y's to about ``eps·cond²`` relative to each; otherwise
     :func:`orth_r`.
     """
-    Y = np.asarray(Y, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        f = _scaled_cholesky(Y, lanes)
-    if f is not None and _cond_upper(f[0]) <= GRAM_COND:
-        return f[0] * f[1]
-    return orth_r(Y, lanes, first=f, want_q=False)[1]
+    return _rough_factor(Y, lanes)[0]
 
 
 def _upper_inverse(U: np.ndarray, s: np.ndarray = None):
